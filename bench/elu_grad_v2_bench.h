@@ -1,0 +1,36 @@
+// `gradkit bench elu-grad`: GB/s of EluGradV2 beside a plain copy (the ceiling) and libtorch.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace gk::bench {
+
+struct EluGradV2BenchCase {
+  int64_t elems;
+  DType dtype;
+  bool is_result;
+  int32_t threads;
+};
+
+struct EluGradV2BenchResult {
+  EluGradV2BenchCase c;
+  std::string mode;                 // the plan's schedule mode
+  double gbps;                      // bytes read + written per second
+  double copy_gbps;                 // the same bytes copied, same threads
+  std::optional<double> torch_gbps;  // at::elu_backward_out, same threads
+  std::string torch_note;           // why torch_gbps is absent
+};
+
+// Sizes 4 K .. 64 M elements x {f32, f16, bf16} x {exp, result}, filtered by the options given.
+std::vector<EluGradV2BenchCase> EluGradV2BenchCases(std::optional<int64_t> elems,
+                                                    std::optional<DType> dtype,
+                                                    std::optional<bool> is_result, int32_t threads);
+EluGradV2BenchResult RunEluGradV2BenchCase(const EluGradV2BenchCase& c, double min_seconds);
+std::string EluGradV2BenchJson(const EluGradV2BenchResult& r);
+
+}  // namespace gk::bench

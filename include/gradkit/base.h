@@ -1,0 +1,84 @@
+/* gradkit: native backward operators for training, with an aclnn-style two-phase C API.
+ *
+ * Every operator is called in two phases, as Ascend's aclnn does:
+ *   1. gk<Op>GetWorkspaceSize(inputs..., outputs..., &workspaceSize, &executor)
+ *      checks every argument, plans the work and reports the workspace it needs.
+ *      Nothing the caller owns is written in this phase.
+ *   2. gk<Op>(workspace, workspaceSize, executor, stream) runs the planned work.
+ * The executor belongs to the caller: release it with gkDestroyExecutor. By default it runs once;
+ * gkSetExecutorRepeatable lets it run again on the same tensors (their data may change).
+ *
+ * Errors return a status code by class; gkGetRecentErrMsg() returns, for the calling thread, a
+ * message naming the argument, its value and the rule it broke. */
+#ifndef GRADKIT_BASE_H_
+#define GRADKIT_BASE_H_
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define GK_API __declspec(dllexport)
+#else
+#define GK_API __attribute__((visibility("default")))
+#endif
+
+/* Status codes, grouped by class as aclnn groups them. */
+typedef enum gkStatus {
+  GK_SUCCESS = 0,
+  GK_ERROR_NULLPTR = 161001,       /* a required pointer argument is NULL */
+  GK_ERROR_PARAM_INVALID = 161002, /* an argument has a value the operator does not accept */
+  GK_ERROR_RUNTIME = 361001,       /* the call is valid but cannot run now (e.g. out of memory) */
+  GK_ERROR_INTERNAL = 561000,      /* a bug in gradkit: please report it */
+} gkStatus;
+
+/* Element types. The numeric values follow aclDataType. */
+typedef enum gkDataType {
+  GK_FLOAT = 0,
+  GK_FLOAT16 = 1,
+  GK_INT32 = 3,
+  GK_INT64 = 9,
+  GK_DOUBLE = 11,
+  GK_BF16 = 27,
+} gkDataType;
+
+/* Tensor descriptors hold up to GK_MAX_DESCRIPTOR_DIMS dims; each operator states its own limit. */
+#define GK_MAX_DESCRIPTOR_DIMS 16
+
+typedef struct gkTensor gkTensor;
+typedef struct gkOpExecutor gkOpExecutor;
+
+/* Describes (does not own) a strided view: element (i0, ..., in-1) lives at
+ *   (char*)data + (offset + sum_d i_d * strides[d]) * element_size.
+ * dims: ndims sizes (>= 0); strides: ndims strides in elements, or NULL for C-contiguous.
+ * Returns NULL (see gkGetRecentErrMsg) when an argument is out of range. */
+GK_API gkTensor* gkCreateTensor(const int64_t* dims, uint64_t ndims, gkDataType dtype,
+                                const int64_t* strides, int64_t offset, void* data);
+GK_API gkStatus gkDestroyTensor(const gkTensor* tensor);
+
+/* Releases an executor returned by a GetWorkspaceSize call. NULL is accepted. */
+GK_API gkStatus gkDestroyExecutor(gkOpExecutor* executor);
+/* Lets the executor run more than once (for repeated calls on the same tensors). */
+GK_API gkStatus gkSetExecutorRepeatable(gkOpExecutor* executor);
+
+/* The message of the last failed call on this thread ("" if none). Valid until the next call. */
+GK_API const char* gkGetRecentErrMsg(void);
+
+/* Threads used by operators planned after this call. 0 restores the default: the environment
+ * variable GRADKIT_NUM_THREADS if set, else the number of online cores. */
+GK_API gkStatus gkSetNumThreads(int32_t numThreads);
+GK_API int32_t gkGetNumThreads(void);
+
+/* Library version ("MAJOR.MINOR.PATCH") and the SIMD target chosen at run time ("AVX3", "AVX2", ...). */
+GK_API const char* gkGetVersion(void);
+GK_API const char* gkGetCpuIsa(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GRADKIT_BASE_H_ */

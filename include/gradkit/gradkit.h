@@ -1,0 +1,8 @@
+/* gradkit: the whole public C API. */
+#ifndef GRADKIT_GRADKIT_H_
+#define GRADKIT_GRADKIT_H_
+
+#include "gradkit/base.h"
+#include "gradkit/elu_grad_v2.h"
+
+#endif /* GRADKIT_GRADKIT_H_ */

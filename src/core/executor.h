@@ -1,0 +1,39 @@
+// The executor behind gkOpExecutor: what phase 1 planned, run by phase 2.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "gradkit/base.h"
+
+struct gkOpExecutor {
+  static constexpr uint64_t kMagic = 0x67726164657865ull;  // "gradexe"
+  uint64_t magic = kMagic;
+  bool repeatable = false;
+  bool has_run = false;
+
+  virtual ~gkOpExecutor() = default;
+  virtual std::string_view op_name() const = 0;  // e.g. "EluGradV2"
+  virtual uint64_t workspace_bytes() const = 0;
+  // Runs the planned work. Every argument was checked in phase 1; workspace is at least
+  // workspace_bytes() long.
+  virtual gkStatus Run(void* workspace) = 0;
+};
+
+namespace gk {
+
+// Phase 2, shared by every operator: checks the executor and workspace, then runs the plan.
+// `op_name` is the operator the caller meant; `api` names the entry point in messages.
+gkStatus RunExecutor(std::string_view api, std::string_view op_name, void* workspace,
+                     uint64_t workspace_size, gkOpExecutor* executor);
+
+// Rounds a pointer up to `alignment` (a power of two).
+inline void* AlignUp(void* p, uintptr_t alignment) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  return reinterpret_cast<void*>((address + alignment - 1) & ~(alignment - 1));
+}
+inline uint64_t AlignUp(uint64_t bytes, uint64_t alignment) {
+  return (bytes + alignment - 1) / alignment * alignment;
+}
+
+}  // namespace gk

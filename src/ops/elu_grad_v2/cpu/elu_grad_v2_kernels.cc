@@ -1,0 +1,125 @@
+// EluGradV2 SIMD kernels, compiled once per Highway target.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/elu_grad_v2/cpu/elu_grad_v2_kernels.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include <cstring>
+
+#include "core/cpu/convert-inl.h"
+#include "ops/elu_grad_v2/cpu/elu_grad_v2_kernels.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace gk {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// EluGradV2Formula (elu_grad_v2_ref.h), one vector at a time.
+template <bool kIsResult, class DF, class V = hn::Vec<DF>>
+HWY_INLINE V EluGradV2Vector(DF df, V dy, V x, V negcoef, V poscoef, V negiptcoef) {
+  const V positive = hn::Mul(dy, poscoef);
+  V negative;
+  if constexpr (kIsResult) {
+    negative = hn::Mul(hn::Mul(dy, negiptcoef), hn::Add(x, negcoef));
+  } else {
+    const V arg = hn::Mul(x, negiptcoef);
+    const V clamped = hn::Min(arg, hn::Set(df, kEluGradV2MaxExpArg));
+    negative = hn::Mul(hn::Mul(hn::Mul(dy, negiptcoef), negcoef), hn::Exp(df, clamped));
+    negative = hn::IfThenElse(hn::IsNaN(arg), arg, negative);
+  }
+  // A select: the branch not taken (e.g. exp of a large argument) never reaches the result.
+  return hn::IfThenElse(hn::Gt(x, hn::Zero(df)), positive, negative);
+}
+
+template <class In, class Out, bool kIsResult>
+HWY_NOINLINE void EluGradV2Run(const void* dy_bytes, const void* x_bytes, void* y_bytes,
+                               int64_t n, const EluGradV2Coefficients& c) {
+  using InLane = typename In::Lane;
+  using OutLane = typename Out::Lane;
+  const auto* dy = static_cast<const InLane*>(dy_bytes);
+  const auto* x = static_cast<const InLane*>(x_bytes);
+  auto* y = static_cast<OutLane*>(y_bytes);
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto negcoef = hn::Set(df, c.negcoef);
+  const auto poscoef = hn::Set(df, c.poscoef);
+  const auto negiptcoef = hn::Set(df, c.negiptcoef);
+
+  int64_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    const auto y0 = EluGradV2Vector<kIsResult>(df, LoadAsF32<In>(df, dy + i),
+                                               LoadAsF32<In>(df, x + i), negcoef, poscoef,
+                                               negiptcoef);
+    const auto y1 = EluGradV2Vector<kIsResult>(df, LoadAsF32<In>(df, dy + i + lanes),
+                                               LoadAsF32<In>(df, x + i + lanes), negcoef,
+                                               poscoef, negiptcoef);
+    StoreFromF32<Out>(df, y0, y + i);
+    StoreFromF32<Out>(df, y1, y + i + lanes);
+  }
+  // The tail runs the same vector code on a padded copy, so every element follows one formula.
+  for (; i < n; i += lanes) {
+    const int64_t count = std::min(lanes, n - i);
+    HWY_ALIGN InLane dy_tail[hn::MaxLanes(df)] = {};
+    HWY_ALIGN InLane x_tail[hn::MaxLanes(df)] = {};
+    HWY_ALIGN OutLane y_tail[hn::MaxLanes(df)] = {};
+    std::memcpy(dy_tail, dy + i, count * sizeof(InLane));
+    std::memcpy(x_tail, x + i, count * sizeof(InLane));
+    const auto v = EluGradV2Vector<kIsResult>(df, LoadAsF32<In>(df, dy_tail),
+                                              LoadAsF32<In>(df, x_tail), negcoef, poscoef,
+                                              negiptcoef);
+    StoreFromF32<Out>(df, v, y_tail);
+    std::memcpy(y + i, y_tail, count * sizeof(OutLane));
+  }
+}
+
+#define GK_ELU_GRAD_V2_KERNEL(name, In, Out, is_result)                                     \
+  void EluGradV2_##name(const void* dy, const void* x, void* y, int64_t n,                   \
+                        const EluGradV2Coefficients& c) {                                    \
+    EluGradV2Run<In, Out, is_result>(dy, x, y, n, c);                                        \
+  }
+#include "ops/elu_grad_v2/cpu/elu_grad_v2_kernels.inc"
+#undef GK_ELU_GRAD_V2_KERNEL
+
+}  // namespace HWY_NAMESPACE
+}  // namespace gk
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace gk {
+
+#define GK_ELU_GRAD_V2_KERNEL(name, In, Out, is_result) HWY_EXPORT(EluGradV2_##name);
+#include "ops/elu_grad_v2/cpu/elu_grad_v2_kernels.inc"
+#undef GK_ELU_GRAD_V2_KERNEL
+
+namespace {
+constexpr DType DTypeOf(std::string_view storage) {
+  return storage == "F16Storage" ? DType::kF16 : storage == "Bf16Storage" ? DType::kBF16 : DType::kF32;
+}
+}  // namespace
+
+const std::vector<EluGradV2KernelEntry>& EluGradV2Kernels() {
+  static const std::vector<EluGradV2KernelEntry> kernels = {
+#define GK_ELU_GRAD_V2_KERNEL(name, In, Out, is_result)                                      \
+  {#name, DTypeOf(#In), DTypeOf(#Out), is_result,                                            \
+   [](const void* dy, const void* x, void* y, int64_t n, const EluGradV2Coefficients& c) {   \
+     HWY_DYNAMIC_DISPATCH(EluGradV2_##name)(dy, x, y, n, c);                                 \
+   }},
+#include "ops/elu_grad_v2/cpu/elu_grad_v2_kernels.inc"
+#undef GK_ELU_GRAD_V2_KERNEL
+  };
+  return kernels;
+}
+
+EluGradV2Kernel FindEluGradV2Kernel(DType input, DType output, bool is_result) {
+  for (const auto& entry : EluGradV2Kernels()) {
+    if (entry.input == input && entry.output == output && entry.is_result == is_result) {
+      return entry.kernel;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace gk
+#endif  // HWY_ONCE

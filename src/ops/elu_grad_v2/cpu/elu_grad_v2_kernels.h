@@ -1,0 +1,32 @@
+// EluGradV2 CPU kernels: contiguous runs of elements, any supported (input, output) dtype pair,
+// with the SIMD target chosen at run time (Highway), ending in a scalar fallback.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "ops/elu_grad_v2/elu_grad_v2_ref.h"
+
+namespace gk {
+
+// y[i] = formula(dy[i], x[i]) for i < n; dy, x in the input dtype, y in the output dtype.
+// y may equal dy or x (in place).
+using EluGradV2Kernel = void (*)(const void* dy, const void* x, void* y, int64_t n,
+                                 const EluGradV2Coefficients& coef);
+
+struct EluGradV2KernelEntry {
+  const char* name;  // e.g. "f16_f32_exp"
+  DType input;
+  DType output;
+  bool is_result;
+  EluGradV2Kernel kernel;  // dispatches to the best SIMD target at call time
+};
+
+// Every kernel of elu_grad_v2_kernels.inc.
+const std::vector<EluGradV2KernelEntry>& EluGradV2Kernels();
+// The kernel for a dtype pair and mode, or nullptr if none is compiled.
+EluGradV2Kernel FindEluGradV2Kernel(DType input, DType output, bool is_result);
+
+}  // namespace gk

@@ -1,0 +1,124 @@
+#include "ops/elu_grad_v2/elu_grad_v2_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/cpu_info.h"
+#include "core/thread_pool.h"
+
+namespace gk {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+EluGradV2Mode ChooseMode(const EluGradV2Problem& p, int64_t tile_elems) {
+  const bool result = p.is_result;
+  if (!p.contiguous) return result ? EluGradV2Mode::kSafeResult : EluGradV2Mode::kSafeExp;
+  if (p.elems <= tile_elems) {
+    return result ? EluGradV2Mode::kSingleTileResult : EluGradV2Mode::kSingleTileExp;
+  }
+  if (p.input_dtype == DType::kF16) {
+    return result ? EluGradV2Mode::kFloat16ResultFast : EluGradV2Mode::kFloat16ExpFast;
+  }
+  if (p.input_dtype == DType::kBF16) {
+    return result ? EluGradV2Mode::kMixedResultFast : EluGradV2Mode::kMixedExpFast;
+  }
+  return result ? EluGradV2Mode::kSafeResult : EluGradV2Mode::kSafeExp;
+}
+
+bool UsesScratch(const EluGradV2Plan& plan) {
+  return !plan.contiguous;  // only strided views go through float32 scratch tiles
+}
+
+}  // namespace
+
+std::string_view EluGradV2ModeName(EluGradV2Mode mode) {
+  switch (mode) {
+#define GK_X(id, name) \
+  case EluGradV2Mode::id: return name;
+    GK_ELU_GRAD_V2_MODES(GK_X)
+#undef GK_X
+  }
+  return "UNKNOWN";
+}
+
+EluGradV2Machine DetectEluGradV2Machine() {
+  return {ConfiguredThreads(), DetectCaches().l1d_bytes_per_core};
+}
+
+int64_t EluGradV2Plan::ShareBegin(int32_t share) const {
+  if (share < big_share_count) return share * big_share_elems;
+  return big_share_count * big_share_elems + (share - big_share_count) * small_share_elems;
+}
+
+int64_t EluGradV2Plan::ShareElems(int32_t share) const {
+  if (share == threads - 1) return last_share_elems;
+  return share < big_share_count ? big_share_elems : small_share_elems;
+}
+
+EluGradV2Plan MakeEluGradV2Plan(const EluGradV2Problem& problem, const EluGradV2Machine& machine) {
+  EluGradV2Plan plan{};
+  plan.input_dtype = problem.input_dtype;
+  plan.output_dtype = problem.output_dtype;
+  plan.is_result = problem.is_result;
+  plan.contiguous = problem.contiguous;
+  plan.coef = problem.coef;
+  plan.total_elems = problem.elems;
+
+  const int64_t in_bytes = ElementBytes(problem.input_dtype);
+  const int64_t out_bytes = ElementBytes(problem.output_dtype);
+  plan.block_elems = kEluGradV2BlockBytes / in_bytes;
+
+  // Tile: half the per-core L1 holds the tile's live bytes (dy and x in, y out; or, through
+  // scratch, two float32 arrays), as the seed sizes tiles to the UB.
+  const int64_t live_bytes_per_elem = problem.contiguous ? 2 * in_bytes + out_bytes : 2 * 4;
+  const int64_t budget = std::max<int64_t>(machine.l1d_bytes_per_core / 2, kEluGradV2BlockBytes);
+  plan.tile_elems =
+      std::max<int64_t>(1, budget / live_bytes_per_elem / plan.block_elems) * plan.block_elems;
+
+  plan.mode = ChooseMode(problem, plan.tile_elems);
+  const bool single_tile = plan.mode == EluGradV2Mode::kSingleTileExp ||
+                           plan.mode == EluGradV2Mode::kSingleTileResult;
+
+  // Shares: as many threads as the work is worth, whole blocks each.
+  const int64_t blocks = std::max<int64_t>(1, CeilDiv(problem.elems, plan.block_elems));
+  const int64_t worth = CeilDiv(std::max<int64_t>(problem.elems, 1) * in_bytes,
+                                kEluGradV2MinShareBytes);
+  const int64_t threads = single_tile ? 1
+                                      : std::clamp<int64_t>(std::min(worth, blocks), 1,
+                                                            std::max(machine.threads, 1));
+  plan.threads = static_cast<int32_t>(threads);
+  const int64_t blocks_per_share = blocks / threads;
+  plan.big_share_count = static_cast<int32_t>(blocks % threads);
+  plan.small_share_elems = blocks_per_share * plan.block_elems;
+  plan.big_share_elems = plan.big_share_count > 0 ? plan.small_share_elems + plan.block_elems
+                                                  : plan.small_share_elems;
+  plan.last_share_elems = problem.elems - plan.ShareBegin(plan.threads - 1);
+
+  if (UsesScratch(plan)) {
+    plan.scratch_elems_per_thread = 2 * plan.tile_elems;
+    plan.workspace_bytes = static_cast<uint64_t>(plan.threads) *
+                               static_cast<uint64_t>(plan.scratch_elems_per_thread) * 4u +
+                           kEluGradV2WorkspaceAlignment;
+  }
+  if (problem.elems == 0) plan.workspace_bytes = 0;
+  return plan;
+}
+
+std::string EluGradV2PlanToJson(const EluGradV2Plan& p) {
+  return fmt::format(
+      "{{\"op\": \"elu_grad_v2\", \"mode\": \"{}\", \"input_dtype\": \"{}\", "
+      "\"output_dtype\": \"{}\", \"is_result\": {}, \"contiguous\": {}, "
+      "\"coefficients\": {{\"negcoef\": {}, \"poscoef\": {}, \"negiptcoef\": {}}}, "
+      "\"total_elems\": {}, \"block_elems\": {}, \"threads\": {}, \"big_share_count\": {}, "
+      "\"big_share_elems\": {}, \"small_share_elems\": {}, \"last_share_elems\": {}, "
+      "\"tile_elems\": {}, \"scratch_elems_per_thread\": {}, \"workspace_bytes\": {}}}",
+      EluGradV2ModeName(p.mode), DTypeName(p.input_dtype), DTypeName(p.output_dtype),
+      p.is_result, p.contiguous, p.coef.negcoef, p.coef.poscoef, p.coef.negiptcoef,
+      p.total_elems, p.block_elems, p.threads, p.big_share_count, p.big_share_elems,
+      p.small_share_elems, p.last_share_elems, p.tile_elems, p.scratch_elems_per_thread,
+      p.workspace_bytes);
+}
+
+}  // namespace gk

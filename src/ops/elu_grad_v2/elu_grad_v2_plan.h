@@ -1,0 +1,87 @@
+// EluGradV2 plan (the seed's host tiling, for CPU): plain data, computed once in phase 1.
+//
+// Work is split over threads the way the seed splits it over AI cores: whole 256-byte blocks of
+// the input, the first `big_share_count` threads taking one block more (big shares), the rest
+// small shares, and the last thread the remainder that no block divides. Each share is walked
+// in tiles sized to a per-core cache budget (the analog of the seed's UB).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/dtype.h"
+#include "ops/elu_grad_v2/elu_grad_v2_ref.h"
+
+namespace gk {
+
+// The seed's eight schedule modes. Each names a kernel path (see elu_grad_v2_kernels.h):
+//   SAFE_*           float32, or any dtype through strided views: float32 scratch tiles
+//   SINGLE_TILE_*    the whole tensor fits one tile: one pass on the calling thread
+//   MIXED_*_FAST     contiguous bfloat16: convert in registers, no scratch
+//   FLOAT16_*_FAST   contiguous float16: convert in registers, no scratch
+#define GK_ELU_GRAD_V2_MODES(X) \
+  X(kSafeExp, "SAFE_EXP")                     \
+  X(kSafeResult, "SAFE_RESULT")               \
+  X(kSingleTileExp, "SINGLE_TILE_EXP")        \
+  X(kSingleTileResult, "SINGLE_TILE_RESULT")  \
+  X(kMixedExpFast, "MIXED_EXP_FAST")          \
+  X(kMixedResultFast, "MIXED_RESULT_FAST")    \
+  X(kFloat16ExpFast, "FLOAT16_EXP_FAST")      \
+  X(kFloat16ResultFast, "FLOAT16_RESULT_FAST")
+
+enum class EluGradV2Mode : int32_t {
+#define GK_X(id, name) id,
+  GK_ELU_GRAD_V2_MODES(GK_X)
+#undef GK_X
+};
+std::string_view EluGradV2ModeName(EluGradV2Mode mode);
+
+// What the plan depends on, beyond the machine.
+struct EluGradV2Problem {
+  int64_t elems;
+  DType input_dtype;
+  DType output_dtype;
+  bool is_result;
+  bool contiguous;  // gradOutput, x and gradInput all dense in C order
+  EluGradV2Coefficients coef;
+};
+
+// The machine's share of the decision: threads allowed and the per-core cache budget.
+struct EluGradV2Machine {
+  int32_t threads;
+  int64_t l1d_bytes_per_core;
+};
+EluGradV2Machine DetectEluGradV2Machine();
+
+inline constexpr int64_t kEluGradV2BlockBytes = 256;          // share boundaries align to this
+inline constexpr int64_t kEluGradV2MinShareBytes = 64 * 1024;  // less is not worth a thread
+inline constexpr int64_t kEluGradV2WorkspaceAlignment = 64;
+
+struct EluGradV2Plan {
+  EluGradV2Mode mode;
+  DType input_dtype;
+  DType output_dtype;
+  bool is_result;
+  bool contiguous;
+  EluGradV2Coefficients coef;
+  int64_t total_elems;
+  int64_t block_elems;        // elements in one 256-byte block of the input
+  int32_t threads;            // shares, one per thread
+  int32_t big_share_count;    // the first shares take one block more
+  int64_t big_share_elems;
+  int64_t small_share_elems;
+  int64_t last_share_elems;   // the last share ends at total_elems
+  int64_t tile_elems;         // elements per tile, a multiple of block_elems
+  int64_t scratch_elems_per_thread;  // float32 scratch per thread (strided SAFE path)
+  uint64_t workspace_bytes;
+
+  int64_t ShareBegin(int32_t share) const;
+  int64_t ShareElems(int32_t share) const;
+  bool operator==(const EluGradV2Plan&) const = default;
+};
+
+EluGradV2Plan MakeEluGradV2Plan(const EluGradV2Problem& problem, const EluGradV2Machine& machine);
+std::string EluGradV2PlanToJson(const EluGradV2Plan& plan);
+
+}  // namespace gk

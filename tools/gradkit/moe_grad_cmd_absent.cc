@@ -1,0 +1,8 @@
+// Placeholder until the MoE backward lands: registers nothing.
+#include "tools/gradkit/commands.h"
+#include "tools/gradkit/demo.h"
+
+namespace gk::cli {
+void RegisterMoeGradCommands(CommandSet&) {}
+void RunMoeGradDemo() {}
+}  // namespace gk::cli
