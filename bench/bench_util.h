@@ -6,6 +6,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace gk::bench {
 
@@ -13,9 +14,25 @@ namespace gk::bench {
 // `min_reps` runs were made; returns the fastest run in seconds.
 double BestSeconds(const std::function<void()>& fn, double min_seconds = 0.25, int min_reps = 3);
 
-// The machine's streaming ceiling: GB/s (bytes read + written) of a plain copy of `bytes` bytes
-// split over `threads` threads the way the operators split work.
-double CopyGbps(int64_t bytes, int32_t threads);
+// Runs the candidates in turn, round after round (so that a noisy neighbour slows all of them
+// alike), until `min_seconds` have passed in total and each ran at least `min_reps` times;
+// returns each one's fastest run in seconds.
+std::vector<double> BestSecondsInterleaved(const std::vector<std::function<void()>>& candidates,
+                                           double min_seconds = 0.5, int min_reps = 5);
+
+// A plain copy of `bytes` bytes split over `threads` threads the way the operators split work:
+// the machine's streaming ceiling. Moves 2 * bytes (read + written) per call.
+class ParallelCopy {
+ public:
+  ParallelCopy(int64_t bytes, int32_t threads);
+  void operator()();
+  int64_t bytes_moved() const { return 2 * bytes_; }
+
+ private:
+  int64_t bytes_;
+  int32_t threads_;
+  std::vector<uint8_t> source_, target_;
+};
 
 std::string JsonNumber(std::optional<double> value, int decimals = 2);  // "null" when empty
 

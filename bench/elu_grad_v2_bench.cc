@@ -71,19 +71,24 @@ EluGradV2BenchResult RunEluGradV2BenchCase(const EluGradV2BenchCase& c, double m
   EluGradV2BenchResult r{c, "", 0, 0, std::nullopt, ""};
   const EluGradV2Problem problem{c.elems, c.dtype, c.dtype, c.is_result, true,
                                  FoldEluGradV2Coefficients(kAlpha, kScale, kInputScale)};
-  r.mode = std::string(EluGradV2ModeName(MakeEluGradV2Plan(problem, DetectEluGradV2Machine()).mode));
-  const double seconds = BestSeconds(
-      [&] { Check(gkEluGradV2(workspace.data(), workspace_size, executor, nullptr)); },
-      min_seconds);
-  r.gbps = static_cast<double>(moved_bytes) / seconds / 1e9;
-  r.copy_gbps = CopyGbps(moved_bytes / 2, c.threads);
+  const EluGradV2Plan plan = MakeEluGradV2Plan(problem, DetectEluGradV2Machine());
+  r.mode = std::string(EluGradV2ModeName(plan.mode));
 
+  // The copy moves the same bytes on as many threads as the plan uses.
+  ParallelCopy copy(moved_bytes / 2, plan.threads);
+  std::vector<std::function<void()>> candidates = {
+      [&] { Check(gkEluGradV2(workspace.data(), workspace_size, executor, nullptr)); },
+      [&] { copy(); }};
   std::vector<uint8_t> torch_y(y.size());
   if (auto torch_run = MakeTorchEluBackward(dy.data(), x.data(), torch_y.data(), c.elems, c.dtype,
                                             kAlpha, kScale, kInputScale, c.is_result, c.threads,
                                             &r.torch_note)) {
-    r.torch_gbps = static_cast<double>(moved_bytes) / BestSeconds(*torch_run, min_seconds) / 1e9;
+    candidates.push_back(*torch_run);
   }
+  const auto seconds = BestSecondsInterleaved(candidates, min_seconds);
+  r.gbps = static_cast<double>(moved_bytes) / seconds[0] / 1e9;
+  r.copy_gbps = static_cast<double>(copy.bytes_moved()) / seconds[1] / 1e9;
+  if (seconds.size() > 2) r.torch_gbps = static_cast<double>(moved_bytes) / seconds[2] / 1e9;
   gkDestroyExecutor(executor);
   gkDestroyTensor(dy_t);
   gkDestroyTensor(x_t);

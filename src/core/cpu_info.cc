@@ -11,10 +11,15 @@ std::mutex isa_mutex;
 }  // namespace
 
 CacheInfo DetectCaches() {
-  CacheInfo info{32 * 1024, 512 * 1024};
+  CacheInfo info{32 * 1024, 512 * 1024, 8 * 1024 * 1024};
 #ifdef _SC_LEVEL1_DCACHE_SIZE
   if (const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE); l1 > 0) info.l1d_bytes_per_core = l1;
   if (const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE); l2 > 0) info.l2_bytes_per_core = l2;
+  if (const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE); l3 > 0) {
+    info.llc_bytes = l3;
+  } else {
+    info.llc_bytes = info.l2_bytes_per_core;
+  }
 #endif
   return info;
 }

@@ -10,6 +10,7 @@ namespace gk {
 struct CacheInfo {
   int64_t l1d_bytes_per_core;
   int64_t l2_bytes_per_core;
+  int64_t llc_bytes;  // the last-level cache, shared
 };
 CacheInfo DetectCaches();  // from the OS; conservative defaults where it says nothing
 

@@ -85,7 +85,7 @@ struct EluBenchOptions {
   std::string dtype;
   bool is_result = false, json = false;
   int32_t threads = 0;
-  double min_seconds = 0.25;
+  double min_seconds = 0.5;
 };
 
 void RunEluBench(const EluBenchOptions& o) {
@@ -155,7 +155,7 @@ void RegisterEluGradV2Commands(CommandSet& commands) {
   bench_cmd->add_flag("--is-result", bench->is_result,
                       "With a filter: the isResult mode (else the exp mode)");
   bench_cmd->add_option("--threads", bench->threads, "Threads (default: configured)");
-  bench_cmd->add_option("--min-time", bench->min_seconds, "Seconds per measurement (default 0.25)");
+  bench_cmd->add_option("--min-time", bench->min_seconds, "Seconds per case, all candidates together (default 0.5)");
   bench_cmd->add_flag("--json", bench->json, "One JSON object per case and line");
   bench_cmd->callback([bench] { RunEluBench(*bench); });
 }

@@ -11,6 +11,8 @@
 
 #include <hwy/highway.h>
 
+#include <type_traits>
+
 HWY_BEFORE_NAMESPACE();
 namespace gk {
 namespace HWY_NAMESPACE {
@@ -21,10 +23,35 @@ struct F32Storage { using Lane = float; };
 struct F16Storage { using Lane = hwy::float16_t; };
 struct Bf16Storage { using Lane = hwy::bfloat16_t; };
 
+// float16 bits -> float32, exact for every input (Highway 1.0 turns inf and NaN into finite
+// values on targets without F16C).
+template <class DF>
+HWY_INLINE hn::Vec<DF> F32FromF16Bits(DF df, hn::Vec<hn::Rebind<uint16_t, DF>> h) {
+  const hn::RebindToUnsigned<DF> du32;
+  const hn::RebindToSigned<DF> di32;
+  const auto bits = hn::PromoteTo(du32, h);
+  const auto sign = hn::ShiftLeft<16>(hn::And(bits, hn::Set(du32, 0x8000u)));
+  const auto magnitude = hn::And(bits, hn::Set(du32, 0x7fffu));
+  const auto normal = hn::Add(hn::ShiftLeft<13>(magnitude), hn::Set(du32, 0x38000000u));
+  const auto inf_or_nan = hn::Or(hn::ShiftLeft<13>(magnitude), hn::Set(du32, 0x7f800000u));
+  const auto subnormal = hn::BitCast(
+      du32, hn::Mul(hn::ConvertTo(df, hn::BitCast(di32, magnitude)), hn::Set(df, 5.9604644775390625e-8f)));
+  const auto signed_magnitude = hn::BitCast(di32, magnitude);
+  auto out = hn::IfThenElse(hn::RebindMask(du32, hn::Lt(signed_magnitude, hn::Set(di32, 0x400))),
+                            subnormal, normal);
+  out = hn::IfThenElse(hn::RebindMask(du32, hn::Gt(signed_magnitude, hn::Set(di32, 0x7bff))),
+                       inf_or_nan, out);
+  return hn::BitCast(df, hn::Or(out, sign));
+}
+
 template <class Storage, class DF>
 HWY_INLINE hn::Vec<DF> LoadAsF32(DF df, const typename Storage::Lane* HWY_RESTRICT p) {
   if constexpr (std::is_same_v<Storage, F32Storage>) {
     return hn::LoadU(df, p);
+  } else if constexpr (std::is_same_v<Storage, F16Storage> &&
+                       !((HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || HWY_ARCH_ARM)) {
+    const hn::Rebind<uint16_t, DF> du16;
+    return F32FromF16Bits(df, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p)));
   } else {
     const hn::Rebind<typename Storage::Lane, DF> dh;
     return hn::PromoteTo(df, hn::LoadU(dh, p));
@@ -92,6 +119,25 @@ HWY_INLINE void StoreFromF32(DF df, hn::Vec<DF> v, typename Storage::Lane* HWY_R
     const hn::Rebind<uint16_t, DF> du16;
     const auto bits = std::is_same_v<Storage, F16Storage> ? F16BitsRne(df, v) : Bf16BitsRne(df, v);
     hn::StoreU(bits, du16, reinterpret_cast<uint16_t*>(p));
+  }
+}
+
+// Whether StreamFromF32 writes with non-temporal stores on this target (full vectors only).
+inline constexpr bool kHasStreamingStores = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
+
+// As StoreFromF32, but bypassing the caches where the target allows, for outputs too large to
+// stay cached: it saves the read-for-ownership of every output line. `p` must be aligned to the
+// stored vector's size. Callers end with hwy::FlushStream() before other threads read.
+template <class Storage, class DF>
+HWY_INLINE void StreamFromF32(DF df, hn::Vec<DF> v, typename Storage::Lane* HWY_RESTRICT p) {
+  if constexpr (!kHasStreamingStores) {
+    StoreFromF32<Storage>(df, v, p);
+  } else if constexpr (std::is_same_v<Storage, F32Storage>) {
+    hn::Stream(v, df, p);
+  } else {
+    const hn::Rebind<uint16_t, DF> du16;
+    const auto bits = std::is_same_v<Storage, F16Storage> ? F16BitsRne(df, v) : Bf16BitsRne(df, v);
+    hn::Stream(bits, du16, reinterpret_cast<uint16_t*>(p));
   }
 }
 

@@ -51,8 +51,9 @@ class EluGradV2Executor final : public gkOpExecutor {
     for (int64_t i = begin; i < begin + elems; i += plan_.tile_elems) {
       const int64_t n = std::min(plan_.tile_elems, begin + elems - i);
       kernel_(Base(dy_) + i * in_bytes, Base(x_) + i * in_bytes, Base(y_) + i * out_bytes, n,
-              plan_.coef);
+              plan_.coef, plan_.streaming_stores);
     }
+    if (plan_.streaming_stores) FlushStreamingStores();
   }
 
   // SAFE path for strided views: gather a tile into float32 scratch, run the float32 kernel in
@@ -69,7 +70,7 @@ class EluGradV2Executor final : public gkOpExecutor {
         dy_tile[j] = LoadAsF32(dy_.data, dy_at.offset(), dy_.dtype);
         x_tile[j] = LoadAsF32(x_.data, x_at.offset(), x_.dtype);
       }
-      f32_kernel(dy_tile, x_tile, dy_tile, n, plan_.coef);
+      f32_kernel(dy_tile, x_tile, dy_tile, n, plan_.coef, /*stream_output=*/false);
       for (int64_t j = 0; j < n; ++j, y_at.Next()) {
         StoreFromF32(y_.data, y_at.offset(), y_.dtype, dy_tile[j]);
       }

@@ -44,7 +44,8 @@ std::string_view EluGradV2ModeName(EluGradV2Mode mode) {
 }
 
 EluGradV2Machine DetectEluGradV2Machine() {
-  return {ConfiguredThreads(), DetectCaches().l1d_bytes_per_core};
+  const CacheInfo caches = DetectCaches();
+  return {ConfiguredThreads(), caches.l1d_bytes_per_core, caches.llc_bytes};
 }
 
 int64_t EluGradV2Plan::ShareBegin(int32_t share) const {
@@ -96,6 +97,11 @@ EluGradV2Plan MakeEluGradV2Plan(const EluGradV2Problem& problem, const EluGradV2
                                                   : plan.small_share_elems;
   plan.last_share_elems = problem.elems - plan.ShareBegin(plan.threads - 1);
 
+  // Once the bytes moved exceed the last-level cache nothing stays cached for a consumer anyway;
+  // non-temporal stores then save the read-for-ownership of every output line (3 streams, not 4).
+  plan.streaming_stores =
+      problem.contiguous && problem.elems * (2 * in_bytes + out_bytes) > machine.llc_bytes;
+
   if (UsesScratch(plan)) {
     plan.scratch_elems_per_thread = 2 * plan.tile_elems;
     plan.workspace_bytes = static_cast<uint64_t>(plan.threads) *
@@ -113,12 +119,13 @@ std::string EluGradV2PlanToJson(const EluGradV2Plan& p) {
       "\"coefficients\": {{\"negcoef\": {}, \"poscoef\": {}, \"negiptcoef\": {}}}, "
       "\"total_elems\": {}, \"block_elems\": {}, \"threads\": {}, \"big_share_count\": {}, "
       "\"big_share_elems\": {}, \"small_share_elems\": {}, \"last_share_elems\": {}, "
-      "\"tile_elems\": {}, \"scratch_elems_per_thread\": {}, \"workspace_bytes\": {}}}",
+      "\"tile_elems\": {}, \"scratch_elems_per_thread\": {}, \"streaming_stores\": {}, "
+      "\"workspace_bytes\": {}}}",
       EluGradV2ModeName(p.mode), DTypeName(p.input_dtype), DTypeName(p.output_dtype),
       p.is_result, p.contiguous, p.coef.negcoef, p.coef.poscoef, p.coef.negiptcoef,
       p.total_elems, p.block_elems, p.threads, p.big_share_count, p.big_share_elems,
       p.small_share_elems, p.last_share_elems, p.tile_elems, p.scratch_elems_per_thread,
-      p.workspace_bytes);
+      p.streaming_stores, p.workspace_bytes);
 }
 
 }  // namespace gk

@@ -51,6 +51,7 @@ struct EluGradV2Problem {
 struct EluGradV2Machine {
   int32_t threads;
   int64_t l1d_bytes_per_core;
+  int64_t llc_bytes;  // last-level cache, all cores
 };
 EluGradV2Machine DetectEluGradV2Machine();
 
@@ -74,6 +75,7 @@ struct EluGradV2Plan {
   int64_t last_share_elems;   // the last share ends at total_elems
   int64_t tile_elems;         // elements per tile, a multiple of block_elems
   int64_t scratch_elems_per_thread;  // float32 scratch per thread (strided SAFE path)
+  bool streaming_stores;      // bytes moved exceed the last-level cache: write y past the caches
   uint64_t workspace_bytes;
 
   int64_t ShareBegin(int32_t share) const;

@@ -4,6 +4,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
 #include <hwy/contrib/math/math-inl.h>
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <cstring>
@@ -35,7 +36,7 @@ HWY_INLINE V EluGradV2Vector(DF df, V dy, V x, V negcoef, V poscoef, V negiptcoe
 
 template <class In, class Out, bool kIsResult>
 HWY_NOINLINE void EluGradV2Run(const void* dy_bytes, const void* x_bytes, void* y_bytes,
-                               int64_t n, const EluGradV2Coefficients& c) {
+                               int64_t n, const EluGradV2Coefficients& c, bool stream_output) {
   using InLane = typename In::Lane;
   using OutLane = typename Out::Lane;
   const auto* dy = static_cast<const InLane*>(dy_bytes);
@@ -46,38 +47,57 @@ HWY_NOINLINE void EluGradV2Run(const void* dy_bytes, const void* x_bytes, void* 
   const auto negcoef = hn::Set(df, c.negcoef);
   const auto poscoef = hn::Set(df, c.poscoef);
   const auto negiptcoef = hn::Set(df, c.negiptcoef);
+  const auto compute = [&](int64_t i) {
+    return EluGradV2Vector<kIsResult>(df, LoadAsF32<In>(df, dy + i), LoadAsF32<In>(df, x + i),
+                                      negcoef, poscoef, negiptcoef);
+  };
+  // Elements [begin, end) through a padded copy: the same vector code, so every element follows
+  // one formula, whatever its position.
+  const auto run_padded = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; i += lanes) {
+      const int64_t count = std::min(lanes, end - i);
+      HWY_ALIGN InLane dy_tail[hn::MaxLanes(df)] = {};
+      HWY_ALIGN InLane x_tail[hn::MaxLanes(df)] = {};
+      HWY_ALIGN OutLane y_tail[hn::MaxLanes(df)] = {};
+      std::memcpy(dy_tail, dy + i, count * sizeof(InLane));
+      std::memcpy(x_tail, x + i, count * sizeof(InLane));
+      const auto v = EluGradV2Vector<kIsResult>(df, LoadAsF32<In>(df, dy_tail),
+                                                LoadAsF32<In>(df, x_tail), negcoef, poscoef,
+                                                negiptcoef);
+      StoreFromF32<Out>(df, v, y_tail);
+      std::memcpy(y + i, y_tail, count * sizeof(OutLane));
+    }
+  };
 
   int64_t i = 0;
-  for (; i + 2 * lanes <= n; i += 2 * lanes) {
-    const auto y0 = EluGradV2Vector<kIsResult>(df, LoadAsF32<In>(df, dy + i),
-                                               LoadAsF32<In>(df, x + i), negcoef, poscoef,
-                                               negiptcoef);
-    const auto y1 = EluGradV2Vector<kIsResult>(df, LoadAsF32<In>(df, dy + i + lanes),
-                                               LoadAsF32<In>(df, x + i + lanes), negcoef,
-                                               poscoef, negiptcoef);
-    StoreFromF32<Out>(df, y0, y + i);
-    StoreFromF32<Out>(df, y1, y + i + lanes);
+  const auto y_address = reinterpret_cast<uintptr_t>(y);
+  if (kHasStreamingStores && stream_output && y_address % sizeof(OutLane) == 0) {
+    // Peel up to the first vector-aligned output, then stream whole vectors.
+    constexpr uintptr_t kAlign = hn::MaxLanes(df) * sizeof(OutLane);
+    const int64_t head = std::min<int64_t>(
+        n, static_cast<int64_t>((kAlign - y_address % kAlign) % kAlign / sizeof(OutLane)));
+    run_padded(0, head);
+    for (i = head; i + 2 * lanes <= n; i += 2 * lanes) {
+      const auto y0 = compute(i);
+      const auto y1 = compute(i + lanes);
+      StreamFromF32<Out>(df, y0, y + i);
+      StreamFromF32<Out>(df, y1, y + i + lanes);
+    }
+  } else {
+    for (; i + 2 * lanes <= n; i += 2 * lanes) {
+      const auto y0 = compute(i);
+      const auto y1 = compute(i + lanes);
+      StoreFromF32<Out>(df, y0, y + i);
+      StoreFromF32<Out>(df, y1, y + i + lanes);
+    }
   }
-  // The tail runs the same vector code on a padded copy, so every element follows one formula.
-  for (; i < n; i += lanes) {
-    const int64_t count = std::min(lanes, n - i);
-    HWY_ALIGN InLane dy_tail[hn::MaxLanes(df)] = {};
-    HWY_ALIGN InLane x_tail[hn::MaxLanes(df)] = {};
-    HWY_ALIGN OutLane y_tail[hn::MaxLanes(df)] = {};
-    std::memcpy(dy_tail, dy + i, count * sizeof(InLane));
-    std::memcpy(x_tail, x + i, count * sizeof(InLane));
-    const auto v = EluGradV2Vector<kIsResult>(df, LoadAsF32<In>(df, dy_tail),
-                                              LoadAsF32<In>(df, x_tail), negcoef, poscoef,
-                                              negiptcoef);
-    StoreFromF32<Out>(df, v, y_tail);
-    std::memcpy(y + i, y_tail, count * sizeof(OutLane));
-  }
+  run_padded(i, n);
 }
 
 #define GK_ELU_GRAD_V2_KERNEL(name, In, Out, is_result)                                     \
   void EluGradV2_##name(const void* dy, const void* x, void* y, int64_t n,                   \
-                        const EluGradV2Coefficients& c) {                                    \
-    EluGradV2Run<In, Out, is_result>(dy, x, y, n, c);                                        \
+                        const EluGradV2Coefficients& c, bool stream_output) {                \
+    EluGradV2Run<In, Out, is_result>(dy, x, y, n, c, stream_output);                         \
   }
 #include "ops/elu_grad_v2/cpu/elu_grad_v2_kernels.inc"
 #undef GK_ELU_GRAD_V2_KERNEL
@@ -103,14 +123,17 @@ const std::vector<EluGradV2KernelEntry>& EluGradV2Kernels() {
   static const std::vector<EluGradV2KernelEntry> kernels = {
 #define GK_ELU_GRAD_V2_KERNEL(name, In, Out, is_result)                                      \
   {#name, DTypeOf(#In), DTypeOf(#Out), is_result,                                            \
-   [](const void* dy, const void* x, void* y, int64_t n, const EluGradV2Coefficients& c) {   \
-     HWY_DYNAMIC_DISPATCH(EluGradV2_##name)(dy, x, y, n, c);                                 \
+   [](const void* dy, const void* x, void* y, int64_t n, const EluGradV2Coefficients& c,     \
+      bool stream_output) {                                                                  \
+     HWY_DYNAMIC_DISPATCH(EluGradV2_##name)(dy, x, y, n, c, stream_output);                  \
    }},
 #include "ops/elu_grad_v2/cpu/elu_grad_v2_kernels.inc"
 #undef GK_ELU_GRAD_V2_KERNEL
   };
   return kernels;
 }
+
+void FlushStreamingStores() { hwy::FlushStream(); }
 
 EluGradV2Kernel FindEluGradV2Kernel(DType input, DType output, bool is_result) {
   for (const auto& entry : EluGradV2Kernels()) {

@@ -12,9 +12,12 @@
 namespace gk {
 
 // y[i] = formula(dy[i], x[i]) for i < n; dy, x in the input dtype, y in the output dtype.
-// y may equal dy or x (in place).
+// y may equal dy or x (in place). stream_output: write y with non-temporal stores where the
+// target has them (for outputs too large to stay in cache); the results are the same. Such
+// stores are weakly ordered: a caller that streams ends its share with FlushStreamingStores()
+// before other threads read y (a fence per call would stall every tile).
 using EluGradV2Kernel = void (*)(const void* dy, const void* x, void* y, int64_t n,
-                                 const EluGradV2Coefficients& coef);
+                                 const EluGradV2Coefficients& coef, bool stream_output);
 
 struct EluGradV2KernelEntry {
   const char* name;  // e.g. "f16_f32_exp"
@@ -23,6 +26,8 @@ struct EluGradV2KernelEntry {
   bool is_result;
   EluGradV2Kernel kernel;  // dispatches to the best SIMD target at call time
 };
+
+void FlushStreamingStores();
 
 // Every kernel of elu_grad_v2_kernels.inc.
 const std::vector<EluGradV2KernelEntry>& EluGradV2Kernels();
