@@ -123,6 +123,28 @@ TEST_P(EluGradV2KernelTest, SpecialValues) {
   }
 }
 
+TEST_P(EluGradV2KernelTest, ExpAcrossItsWholeRange) {
+  // x sweeps [-100, 0], so x * input_scale sweeps [-100, 0] and [0, 100]: both exp paths,
+  // subnormal results, the overflow edge. The product is exact, so only exp's own error and the
+  // final products count.
+  const auto& e = GetParam().entry;
+  if (e.is_result) GTEST_SKIP() << "no exp in isResult mode";
+  const int64_t n = 20000;
+  for (const float input_scale : {1.0f, -1.0f}) {
+    Buffer dy(e.input, n), x(e.input, n), y(e.output, n);
+    for (int64_t i = 0; i < n; ++i) {
+      x.set(i, -100.0f * static_cast<float>(i) / n);
+      dy.set(i, 1.0f);
+    }
+    const auto coef = FoldEluGradV2Coefficients(1.0, 1.0, input_scale);
+    e.kernel(dy.data(), x.data(), y.data(), n, coef, false);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(EluGradV2Matches(dy.get(i), x.get(i), y.get(i), coef, false, e.output))
+          << e.name << " on " << GetParam().isa << ", input_scale " << input_scale;
+    }
+  }
+}
+
 TEST_P(EluGradV2KernelTest, NanInBodyAndTailPropagates) {
   const auto& e = GetParam().entry;
   const int64_t n = 67;

@@ -3,13 +3,13 @@
 #define HWY_TARGET_INCLUDE "ops/elu_grad_v2/cpu/elu_grad_v2_kernels.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
-#include <hwy/contrib/math/math-inl.h>
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <cstring>
 
 #include "core/cpu/convert-inl.h"
+#include "core/cpu/math-inl.h"
 #include "ops/elu_grad_v2/cpu/elu_grad_v2_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -25,10 +25,8 @@ HWY_INLINE V EluGradV2Vector(DF df, V dy, V x, V negcoef, V poscoef, V negiptcoe
   if constexpr (kIsResult) {
     negative = hn::Mul(hn::Mul(dy, negiptcoef), hn::Add(x, negcoef));
   } else {
-    const V arg = hn::Mul(x, negiptcoef);
-    const V clamped = hn::Min(arg, hn::Set(df, kEluGradV2MaxExpArg));
-    negative = hn::Mul(hn::Mul(hn::Mul(dy, negiptcoef), negcoef), hn::Exp(df, clamped));
-    negative = hn::IfThenElse(hn::IsNaN(arg), arg, negative);
+    // ExpF32 keeps a NaN argument (x or the product NaN), so NaN needs no select here.
+    negative = hn::Mul(hn::Mul(hn::Mul(dy, negiptcoef), negcoef), ExpF32(df, hn::Mul(x, negiptcoef)));
   }
   // A select: the branch not taken (e.g. exp of a large argument) never reaches the result.
   return hn::IfThenElse(hn::Gt(x, hn::Zero(df)), positive, negative);
