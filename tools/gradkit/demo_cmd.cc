@@ -79,6 +79,7 @@ void RunDemo() {
                   perf.copy_gbps, 100.0 * perf.gbps / perf.copy_gbps,
                   perf.torch_gbps ? fmt::format("{:.1f}x", perf.gbps / *perf.torch_gbps).c_str()
                                   : "-");
+      std::fflush(stdout);
       if (row.within != row.elems) throw CliError("EluGradV2 demo: accuracy contract broken");
     }
   }

@@ -52,7 +52,8 @@ inline double EluGradV2ReferenceF64(double dy, double x, const EluGradV2Coeffici
 //   4 ulp of the result; plus what the inputs' own rounding forces on any float32 evaluation:
 //   exp(arg) amplifies the rounding of arg = x * negiptcoef by |arg| (relative), and in isResult
 //   mode x + negcoef carries one rounding of half an ulp, scaled by |dy * negiptcoef|.
-//   A 16-bit output adds one ulp of its own. Magnitudes below 1e-30 compare absolutely.
+//   A 16-bit output adds one ulp of its own (absolute among its subnormals). Magnitudes below
+//   1e-30 compare absolutely.
 inline double EluGradV2Tolerance(double ref, float dy, float x, const EluGradV2Coefficients& c,
                                  bool is_result, DType out_dtype) {
   constexpr double kF32Ulp = 1.0 / (1 << 23);  // ulp of 1.0 in float32
@@ -66,8 +67,9 @@ inline double EluGradV2Tolerance(double ref, float dy, float x, const EluGradV2C
       tolerance += magnitude * std::fabs(static_cast<double>(x) * c.negiptcoef) * 0.5 * kF32Ulp;
     }
   }
-  if (out_dtype == DType::kF16) tolerance += magnitude * (1.0 / (1 << 10));
-  if (out_dtype == DType::kBF16) tolerance += magnitude * (1.0 / (1 << 7));
+  // One ulp of a 16-bit output: relative in the normal range, absolute among its subnormals.
+  if (out_dtype == DType::kF16) tolerance += std::fmax(magnitude * 0x1p-10, 0x1p-24);
+  if (out_dtype == DType::kBF16) tolerance += std::fmax(magnitude * 0x1p-7, 0x1p-133);
   return std::fmax(tolerance, 1e-30);
 }
 
