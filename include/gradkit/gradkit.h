@@ -4,5 +4,6 @@
 
 #include "gradkit/base.h"
 #include "gradkit/elu_grad_v2.h"
+#include "gradkit/moe_init_routing_grouped_matmul_grad.h"
 
 #endif /* GRADKIT_GRADKIT_H_ */

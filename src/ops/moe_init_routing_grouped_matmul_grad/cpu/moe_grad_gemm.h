@@ -1,0 +1,66 @@
+// The GEMM behind every MoE tile, and behind the benchmark's dense ceiling: oneDNN's matmul
+// (brgemm; AMX for bfloat16 where the CPU has it) when gradkit is built with it, else gradkit's
+// own Highway kernel. oneDNN headers stay inside moe_grad_gemm.cc.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace gk {
+
+struct MoeTileGemmShape {
+  DType gemm_dtype;            // float32 or bfloat16 (A and B); C is always float32
+  int64_t reduce;              // N: the reduction length of every call
+  int64_t max_rows;            // base_m
+  int64_t row_granule;         // rows are always a multiple of this
+  int64_t ldc;                 // row stride of C (base_n)
+  std::vector<int64_t> widths; // the C widths that will be asked for (base_n, and the last block's)
+};
+
+// Tile GEMM: C[rows, width] (row stride ldc) = A[rows, reduce] * B[width, reduce]^T, where A and
+// B are row-major with row stride `reduce`. Runs on the calling thread only. Calls of one shape
+// on the same data give the same bits (the property the determinism of the operator rests on).
+class MoeTileGemm {
+ public:
+  virtual ~MoeTileGemm() = default;
+  // oneDNN when built with it and it accepts the shape, else the own kernel.
+  static std::unique_ptr<MoeTileGemm> Create(const MoeTileGemmShape& shape);
+  virtual std::string name() const = 0;
+  virtual uint64_t scratchpad_bytes() const = 0;  // per calling thread
+  virtual void Run(int64_t rows, int64_t width, const void* a, const void* b, float* c,
+                   void* scratchpad) const = 0;
+};
+
+// Makes the GEMM library sequential on the calling thread while the scope lives (the operator's
+// own pool is the only source of parallelism), and restores the thread's setting after.
+class GemmSequentialScope {
+ public:
+  GemmSequentialScope();
+  ~GemmSequentialScope();
+  GemmSequentialScope(const GemmSequentialScope&) = delete;
+  GemmSequentialScope& operator=(const GemmSequentialScope&) = delete;
+
+ private:
+  int saved_threads_;
+};
+
+// A whole GEMM C[m, width] = A[m, reduce] * B[width, reduce]^T with `threads` threads through the
+// same library: the benchmark's ceiling and the unfused composite's grouped GEMM.
+class MoeDenseGemm {
+ public:
+  virtual ~MoeDenseGemm() = default;
+  static std::unique_ptr<MoeDenseGemm> Create(DType gemm_dtype, int64_t m, int64_t reduce,
+                                              int64_t width, int32_t threads);
+  virtual std::string name() const = 0;
+  // ldc: row stride of C (width when C is dense).
+  virtual void Run(const void* a, const void* b, float* c, int64_t ldc) const = 0;
+};
+
+bool MoeGemmHasOneDnn();          // built with oneDNN
+std::string MoeGemmLibraryName();  // "oneDNN 2.6.3" or "gradkit Highway kernel"
+
+}  // namespace gk

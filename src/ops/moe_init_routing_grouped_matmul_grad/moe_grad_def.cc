@@ -1,0 +1,172 @@
+#include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_def.h"
+
+#include <vector>
+
+#include "core/check.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_routing.h"
+
+namespace gk {
+
+std::string_view RowIdxTypeName(RowIdxType type) {
+  return type == RowIdxType::kGather ? "gather" : "scatter";
+}
+std::string_view GroupListTypeName(GroupListType type) {
+  return type == GroupListType::kCount ? "count" : "cumsum";
+}
+
+gkStatus CheckPositive(std::string_view api, int64_t value, std::string_view name) {
+  if (value > 0) return GK_SUCCESS;
+  return Fail(GK_ERROR_PARAM_INVALID, api, "{} is {}, it must be > 0", name, value);
+}
+
+gkStatus CheckContiguous(std::string_view api, const gkTensor& t, std::string_view name) {
+  if (IsContiguous(t)) return GK_SUCCESS;
+  return Fail(GK_ERROR_PARAM_INVALID, api,
+              "{} with shape {} has strides {}; it must be contiguous (C order)", name,
+              ShapeString(t), StridesString(t));
+}
+
+gkStatus CheckDimIs(std::string_view api, const gkTensor& t, std::string_view name, int dim,
+                    int64_t expected, std::string_view rule) {
+  if (t.dims[dim] == expected) return GK_SUCCESS;
+  return Fail(GK_ERROR_PARAM_INVALID, api, "{} has shape {}: dim {} is {}, it must be {} ({})",
+              name, ShapeString(t), dim, t.dims[dim], expected, rule);
+}
+
+namespace {
+
+gkStatus CheckDTypeInTable(std::string_view api, const gkTensor& t, std::string_view name,
+                           std::initializer_list<DType> table) {
+  return CheckDTypeIn(api, t, name, table);
+}
+
+gkStatus CheckAttributes(std::string_view api, const MoeGradArgs& a) {
+  GK_RETURN_IF_ERROR(CheckPositive(api, a.batch, "batch"));
+  GK_RETURN_IF_ERROR(CheckPositive(api, a.top_k, "topK"));
+  int64_t slots;
+  if (__builtin_mul_overflow(a.batch, a.top_k, &slots)) {
+    return Fail(GK_ERROR_PARAM_INVALID, api,
+                "batch {} * topK {} overflows int64; the original slots must be countable",
+                a.batch, a.top_k);
+  }
+  if (a.row_idx_type != 0 && a.row_idx_type != 1) {
+    return Fail(GK_ERROR_PARAM_INVALID, api,
+                "rowIdxType is {}, it must be 0 (gather: expanded -> original) or 1 (scatter: "
+                "original -> expanded)",
+                a.row_idx_type);
+  }
+  if (a.group_list_type != GK_GROUP_LIST_COUNT && a.group_list_type != GK_GROUP_LIST_CUMSUM) {
+    return Fail(GK_ERROR_PARAM_INVALID, api,
+                "groupListType is {}, it must be GK_GROUP_LIST_COUNT (0) or GK_GROUP_LIST_CUMSUM "
+                "(1)",
+                a.group_list_type);
+  }
+  return GK_SUCCESS;
+}
+
+gkStatus CheckShapes(std::string_view api, const MoeGradArgs& a, MoeGradShape* s) {
+  const gkTensor& dy = *a.grad_y;
+  const gkTensor& w = *a.weight;
+  const gkTensor& idx = *a.expanded_row_idx;
+  const gkTensor& groups = *a.group_list;
+  const gkTensor& dx = *a.grad_x;
+  GK_RETURN_IF_ERROR(CheckRank(api, dy, "gradY", 2));
+  GK_RETURN_IF_ERROR(CheckRank(api, w, "weight", 3));
+  GK_RETURN_IF_ERROR(CheckRank(api, idx, "expandedRowIdx", 1));
+  GK_RETURN_IF_ERROR(CheckRank(api, groups, "groupList", 1));
+  GK_RETURN_IF_ERROR(CheckRank(api, dx, "gradX", 2));
+  s->m = dy.dims[0];
+  s->n = w.dims[2];
+  s->g = w.dims[0];
+  s->k = w.dims[1];
+  s->l = idx.dims[0];
+  s->batch = a.batch;
+  s->top_k = a.top_k;
+  if (s->g < 1) {
+    return Fail(GK_ERROR_PARAM_INVALID, api,
+                "weight has shape {}: {} experts (dim 0), at least 1 is required",
+                ShapeString(w), s->g);
+  }
+  if (s->k < 1 || s->n < 1) {
+    return Fail(GK_ERROR_PARAM_INVALID, api,
+                "weight has shape {}: K (dim 1) and N (dim 2) must both be >= 1", ShapeString(w));
+  }
+  GK_RETURN_IF_ERROR(CheckDimIs(api, dy, "gradY", 1, s->n, "N, weight.shape[2]"));
+  GK_RETURN_IF_ERROR(CheckDimIs(api, groups, "groupList", 0, s->g, "G, weight.shape[0]"));
+  GK_RETURN_IF_ERROR(CheckDimIs(api, dx, "gradX", 0, s->batch, "batch"));
+  GK_RETURN_IF_ERROR(CheckDimIs(api, dx, "gradX", 1, s->k, "K, weight.shape[1]"));
+  if (s->m > s->slots()) {
+    return Fail(GK_ERROR_PARAM_INVALID, api,
+                "gradY has {} rows (M), more than batch {} * topK {} = {} original slots", s->m,
+                s->batch, s->top_k, s->slots());
+  }
+  if (s->row_idx_type == RowIdxType::kGather && s->l < s->m) {
+    return Fail(GK_ERROR_PARAM_INVALID, api,
+                "expandedRowIdx has {} entries, fewer than M = {} rows of gradY (rowIdxType 0 "
+                "needs L >= M)",
+                s->l, s->m);
+  }
+  if (s->row_idx_type == RowIdxType::kScatter && s->l != s->slots()) {
+    return Fail(GK_ERROR_PARAM_INVALID, api,
+                "expandedRowIdx has {} entries; rowIdxType 1 needs one per original slot, "
+                "batch {} * topK {} = {}",
+                s->l, s->batch, s->top_k, s->slots());
+  }
+  return GK_SUCCESS;
+}
+
+}  // namespace
+
+gkStatus CheckMoeGrad(std::string_view api, const MoeGradArgs& a, MoeGradShape* s) {
+  GK_RETURN_IF_ERROR(CheckTensor(api, a.grad_y, "gradY"));
+  GK_RETURN_IF_ERROR(CheckTensor(api, a.weight, "weight"));
+  GK_RETURN_IF_ERROR(CheckTensor(api, a.expanded_row_idx, "expandedRowIdx"));
+  GK_RETURN_IF_ERROR(CheckTensor(api, a.group_list, "groupList"));
+  GK_RETURN_IF_ERROR(CheckTensor(api, a.grad_x, "gradX"));
+  const gkTensor& dy = *a.grad_y;
+  const gkTensor& w = *a.weight;
+  const gkTensor& idx = *a.expanded_row_idx;
+  const gkTensor& groups = *a.group_list;
+  const gkTensor& dx = *a.grad_x;
+
+  GK_RETURN_IF_ERROR(CheckDTypeInTable(api, dy, "gradY", {DType::kF32, DType::kF16, DType::kBF16}));
+  GK_RETURN_IF_ERROR(CheckSameDType(api, w, "weight", dy, "gradY"));
+  GK_RETURN_IF_ERROR(CheckDTypeInTable(api, idx, "expandedRowIdx", {DType::kI64, DType::kI32}));
+  GK_RETURN_IF_ERROR(CheckDTypeInTable(api, groups, "groupList", {DType::kI64}));
+  GK_RETURN_IF_ERROR(CheckDTypeInTable(api, dx, "gradX", {kMoeGradOutputDType}));
+  static_assert(std::size(kMoeGradFloatDTypes) == 3 && std::size(kMoeGradRowIdxDTypes) == 2 &&
+                std::size(kMoeGradGroupListDTypes) == 1,
+                "keep the check lists above in step with the tables in moe_grad_def.h");
+
+  GK_RETURN_IF_ERROR(CheckAttributes(api, a));
+  s->dtype = dy.dtype;
+  s->index_dtype = idx.dtype;
+  s->row_idx_type = static_cast<RowIdxType>(a.row_idx_type);
+  s->group_list_type = static_cast<GroupListType>(a.group_list_type);
+  GK_RETURN_IF_ERROR(CheckShapes(api, a, s));
+
+  const struct {
+    const gkTensor& t;
+    std::string_view name;
+  } tensors[] = {{dy, "gradY"}, {w, "weight"}, {idx, "expandedRowIdx"}, {groups, "groupList"},
+                 {dx, "gradX"}};
+  for (const auto& [t, name] : tensors) {
+    GK_RETURN_IF_ERROR(CheckAddressable(api, t, name));
+    GK_RETURN_IF_ERROR(CheckContiguous(api, t, name));
+  }
+  for (const auto& [t, name] : tensors) {
+    if (&t != &dx) GK_RETURN_IF_ERROR(CheckDisjoint(api, dx, "gradX", t, name));
+  }
+
+  // Index values: phase 1 reads the two small index arrays (G and L entries), never the floats.
+  std::vector<int64_t> group_offsets(static_cast<size_t>(s->g + 1));
+  GK_RETURN_IF_ERROR(BuildGroupOffsets(api, groups, *s, group_offsets.data()));
+  std::vector<int64_t> row_token(static_cast<size_t>(s->m));
+  GK_RETURN_IF_ERROR(BuildRowTokens(api, idx, *s, row_token.data()));
+  if (s->row_idx_type == RowIdxType::kGather) {
+    GK_RETURN_IF_ERROR(CheckDistinctSlots(api, idx, *s));
+  }
+  return GK_SUCCESS;
+}
+
+}  // namespace gk

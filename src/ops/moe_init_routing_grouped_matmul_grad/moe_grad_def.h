@@ -1,0 +1,68 @@
+// MoeInitRoutingGroupedMatmulGrad: arguments, the dtype support tables and every check phase 1
+// makes, including the values of groupList and expandedRowIdx.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "gradkit/moe_init_routing_grouped_matmul_grad.h"
+
+namespace gk {
+
+inline constexpr std::string_view kMoeGradName = "MoeInitRoutingGroupedMatmulGrad";
+
+// How expandedRowIdx maps rows (see the public header).
+enum class RowIdxType : int32_t { kGather = 0, kScatter = 1 };
+enum class GroupListType : int32_t { kCount = GK_GROUP_LIST_COUNT, kCumsum = GK_GROUP_LIST_CUMSUM };
+std::string_view RowIdxTypeName(RowIdxType type);        // "gather" | "scatter"
+std::string_view GroupListTypeName(GroupListType type);  // "count" | "cumsum"
+
+struct MoeGradArgs {
+  const gkTensor* grad_y;            // dy [M, N]
+  const gkTensor* weight;            // [G, K, N]
+  const gkTensor* expanded_row_idx;  // [L]
+  const gkTensor* group_list;        // [G]
+  int64_t batch;
+  int64_t top_k;
+  int64_t row_idx_type;
+  int64_t group_list_type;
+  const gkTensor* grad_x;            // dx [batch, K], float32
+};
+
+// Supported dtypes, as tables: gradY and weight share one of the float dtypes.
+inline constexpr DType kMoeGradFloatDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+inline constexpr DType kMoeGradRowIdxDTypes[] = {DType::kI64, DType::kI32};
+inline constexpr DType kMoeGradGroupListDTypes[] = {DType::kI64};
+inline constexpr DType kMoeGradOutputDType = DType::kF32;
+
+// Everything the plan and the kernels need from the arguments, once they passed the checks.
+struct MoeGradShape {
+  int64_t m;      // expanded rows: gradY.shape[0] = total of groupList
+  int64_t n;      // gradY.shape[1] = weight.shape[2]
+  int64_t k;      // weight.shape[1] = gradX.shape[1]
+  int64_t g;      // experts: weight.shape[0] = groupList.shape[0]
+  int64_t l;      // expandedRowIdx.shape[0]
+  int64_t batch;  // tokens: gradX.shape[0]
+  int64_t top_k;
+  DType dtype;        // gradY and weight
+  DType index_dtype;  // expandedRowIdx
+  RowIdxType row_idx_type;
+  GroupListType group_list_type;
+  int64_t slots() const { return batch * top_k; }  // checked not to overflow
+  bool operator==(const MoeGradShape&) const = default;
+};
+
+// Checks every argument, descriptors first, then the index values; on failure records the
+// message (argument, value, rule) and returns its status. Reads groupList and expandedRowIdx.
+gkStatus CheckMoeGrad(std::string_view api, const MoeGradArgs& args, MoeGradShape* shape);
+
+// Named helpers used by the checks above (generic, but kept here until a second operator needs
+// them).
+gkStatus CheckPositive(std::string_view api, int64_t value, std::string_view name);
+gkStatus CheckContiguous(std::string_view api, const gkTensor& t, std::string_view name);
+gkStatus CheckDimIs(std::string_view api, const gkTensor& t, std::string_view name, int dim,
+                    int64_t expected, std::string_view rule);
+
+}  // namespace gk

@@ -1,0 +1,201 @@
+// MoeInitRoutingGroupedMatmulGrad through its C API: the seed's white-box table in every dtype,
+// index form and group-list form; dropped slots, skewed routing, exact and random inputs;
+// determinism across runs and thread counts.
+#include <cstring>
+
+#include "tests/ops/moe_init_routing_grouped_matmul_grad/moe_grad_test_util.h"
+
+namespace gk::testing {
+namespace {
+
+// The seed's white-box table (test design 4.2.1). Tails: K and N that no tile divides.
+const MoeCase kSeedTable[] = {
+    {"single_token_single_expert", 1, 1, 1, 128, 256},
+    {"single_token_topk3", 1, 3, 3, 128, 256},
+    {"all_tokens_one_expert", 128, 1, 1, 128, 256},
+    {"many_tokens_many_experts", 128, 3, 10, 128, 256, 0.8},
+    {"empty_expert", 10, 2, 4, 128, 256, 0.5, 0.0, {1}},
+    {"tails", 10, 3, 4, 128 + 50, 256 + 30},
+    {"m_is_1", 1, 1, 1, 128, 256},
+    {"n_is_1", 128, 3, 4, 128, 1},
+    {"k_is_1", 128, 3, 4, 1, 256},
+    {"k_two_tiles_and_tail", 300, 2, 5, 256 + 256 + 40, 48},
+};
+
+struct Variant {
+  int64_t row_idx_type;
+  gkGroupListType group_list_type;
+};
+constexpr Variant kVariants[] = {{0, GK_GROUP_LIST_COUNT},
+                                 {0, GK_GROUP_LIST_CUMSUM},
+                                 {1, GK_GROUP_LIST_COUNT},
+                                 {1, GK_GROUP_LIST_CUMSUM}};
+constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+
+// Every row of the table, both value kinds, every dtype and variant; all variants of one input
+// must also give identical bytes (they describe the same routing).
+TEST(moe_grad_api, SeedTableMatchesReference) {
+  for (const MoeCase& c : kSeedTable) {
+    for (DType dtype : kDTypes) {
+      for (MoeValues kind : {MoeValues::kSmallIntegers, MoeValues::kRandom}) {
+        const MoeInputs in = MakeMoeInputs(c, dtype, kind);
+        std::vector<float> first;
+        for (const Variant& v : kVariants) {
+          SCOPED_TRACE(::testing::Message()
+                       << c.name << " " << DTypeName(dtype)
+                       << (kind == MoeValues::kRandom ? " random" : " integers") << " rowIdxType "
+                       << v.row_idx_type << " groupListType " << v.group_list_type);
+          const auto dx = RunMoeGrad(in, {v.row_idx_type, v.group_list_type});
+          EXPECT_TRUE(MatchesReference(in, dx, kind == MoeValues::kSmallIntegers));
+          if (first.empty()) first = dx;
+          EXPECT_EQ(std::memcmp(first.data(), dx.data(), dx.size() * 4), 0);
+        }
+      }
+    }
+  }
+}
+
+// The seed's large-token case (batch 108 x 1024, topK 2, 60 experts, K 128, N 256): 64-bit
+// indexing and many chunks. Checked on every 16th token (all of them would cost minutes).
+TEST(moe_grad_api, LargeTokenCase) {
+  const int64_t batch = kUnderSanitizer ? 110592 / 16 : 110592;
+  const MoeCase c{"large_tokens", batch, 2, 60, 128, 256};
+  for (DType dtype : kDTypes) {
+    const MoeInputs in = MakeMoeInputs(c, dtype, MoeValues::kRandom);
+    std::vector<float> first;
+    for (const Variant& v : kVariants) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " rowIdxType " << v.row_idx_type
+                                        << " groupListType " << v.group_list_type);
+      const auto dx = RunMoeGrad(in, {v.row_idx_type, v.group_list_type});
+      if (first.empty()) {
+        EXPECT_TRUE(MatchesReference(in, dx, false, 16));
+        first = dx;
+      } else {
+        EXPECT_EQ(std::memcmp(first.data(), dx.data(), dx.size() * 4), 0);
+      }
+    }
+  }
+}
+
+TEST(moe_grad_api, DroppedSlotsLeaveZeroRows) {
+  // Half the slots dropped: some tokens receive nothing and must read exactly 0.
+  const MoeCase c{"dropped", 200, 2, 6, 96, 64, 0.3};
+  for (DType dtype : kDTypes) {
+    const MoeInputs in = MakeMoeInputs(c, dtype, MoeValues::kSmallIntegers);
+    ASSERT_LT(in.routing.m, c.batch * c.top_k);
+    for (const Variant& v : kVariants) {
+      const auto dx = RunMoeGrad(in, {v.row_idx_type, v.group_list_type});
+      EXPECT_TRUE(MatchesReference(in, dx, true));
+      std::vector<bool> routed(static_cast<size_t>(c.batch));
+      for (int64_t token : in.routing.row_token) routed[token] = true;
+      int64_t silent = 0;
+      for (int64_t b = 0; b < c.batch; ++b) {
+        if (routed[b]) continue;
+        ++silent;
+        for (int64_t k = 0; k < c.k; ++k) EXPECT_EQ(F32Bits(dx[b * c.k + k]), 0u);
+      }
+      EXPECT_GT(silent, 0);
+    }
+  }
+}
+
+TEST(moe_grad_api, AllSlotsDropped) {
+  MoeCase c{"all_dropped", 16, 2, 3, 40, 24};
+  c.keep = 0.0;
+  const MoeInputs in = MakeMoeInputs(c, DType::kF32, MoeValues::kRandom);
+  ASSERT_EQ(in.routing.m, 0);
+  for (const Variant& v : kVariants) {
+    const auto dx = RunMoeGrad(in, {v.row_idx_type, v.group_list_type});
+    for (float value : dx) EXPECT_EQ(F32Bits(value), 0u);
+  }
+}
+
+TEST(moe_grad_api, SkewedRouting) {
+  // 95% of the slots on expert 0, the rest spread, several experts empty.
+  MoeCase c{"skewed", 1500, 2, 12, 300, 80};
+  c.skew = 0.95;
+  c.forced_empty = {3, 7, 11};
+  for (DType dtype : kDTypes) {
+    const MoeInputs in = MakeMoeInputs(c, dtype, MoeValues::kRandom);
+    ASSERT_GT(in.routing.group_counts[0], in.routing.m * 9 / 10);
+    EXPECT_TRUE(MatchesReference(in, RunMoeGrad(in, {0, GK_GROUP_LIST_COUNT}), false));
+    EXPECT_TRUE(MatchesReference(in, RunMoeGrad(in, {1, GK_GROUP_LIST_CUMSUM}), false));
+  }
+}
+
+TEST(moe_grad_api, GatherEntriesPastMAreIgnoredAndInt32IndicesWork) {
+  const MoeCase c{"extra_entries", 64, 3, 5, 70, 40, 0.7};
+  const MoeInputs in = MakeMoeInputs(c, DType::kBF16, MoeValues::kSmallIntegers);
+  const auto base = RunMoeGrad(in, {0, GK_GROUP_LIST_COUNT});
+  EXPECT_TRUE(MatchesReference(in, base, true));
+  MoeRunOptions junk{0, GK_GROUP_LIST_COUNT};
+  junk.extra_gather_entries = 9;  // out-of-range values past M
+  EXPECT_EQ(std::memcmp(base.data(), RunMoeGrad(in, junk).data(), base.size() * 4), 0);
+  for (int64_t type : {0, 1}) {
+    MoeRunOptions narrow{type, GK_GROUP_LIST_CUMSUM};
+    narrow.index_dtype = DType::kI32;
+    EXPECT_EQ(std::memcmp(base.data(), RunMoeGrad(in, narrow).data(), base.size() * 4), 0);
+  }
+}
+
+// Determinism: the same bytes on every run and for 1, 2, 3 and 4 threads, with random inputs
+// (where the order of float additions shows). One case has one token chunk, the other several.
+TEST(moe_grad_api, BitIdenticalAcrossRunsAndThreadCounts) {
+  const MoeCase cases[] = {{"one_chunk", 700, 4, 9, 600, 200, 0.9},
+                           {"three_chunks", 700, 4, 3, 600, 200, 0.9}};
+  for (const MoeCase& c : cases) {
+    for (DType dtype : kDTypes) {
+      SCOPED_TRACE(::testing::Message() << c.name << " " << DTypeName(dtype));
+      const MoeInputs in = MakeMoeInputs(c, dtype, MoeValues::kRandom);
+      MoeRunOptions o{1, GK_GROUP_LIST_COUNT};
+      o.threads = 1;
+      const auto reference = RunMoeGrad(in, o);
+      EXPECT_TRUE(MatchesReference(in, reference, false));
+      for (int32_t threads : {1, 2, 3, 4}) {
+        for (int repeat = 0; repeat < 2; ++repeat) {
+          o.threads = threads;
+          const auto dx = RunMoeGrad(in, o);
+          EXPECT_EQ(std::memcmp(reference.data(), dx.data(), dx.size() * 4), 0)
+              << threads << " threads, repeat " << repeat;
+        }
+      }
+    }
+  }
+}
+
+// A repeatable executor runs again on changed data (same shapes) and gives the new answer.
+TEST(moe_grad_api, RepeatableExecutorSeesNewData) {
+  const MoeCase c{"repeat", 50, 2, 4, 64, 32};
+  MoeInputs in = MakeMoeInputs(c, DType::kF32, MoeValues::kSmallIntegers);
+  std::vector<float> dx(static_cast<size_t>(c.batch * c.k));
+  TensorGuard dy_t({in.routing.m, c.n}, in.dtype, in.dy.data());
+  TensorGuard w_t({c.g, c.k, c.n}, in.dtype, in.w.data());
+  TensorGuard idx_t({in.routing.m}, DType::kI64, in.routing.gather_idx.data());
+  TensorGuard groups_t({c.g}, DType::kI64, in.routing.group_counts.data());
+  TensorGuard dx_t({c.batch, c.k}, DType::kF32, dx.data());
+  uint64_t size = 0;
+  gkOpExecutor* executor = nullptr;
+  ASSERT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
+                dy_t.t, w_t.t, idx_t.t, groups_t.t, c.batch, c.top_k, 0, GK_GROUP_LIST_COUNT,
+                dx_t.t, &size, &executor),
+            GK_SUCCESS);
+  ASSERT_EQ(gkSetExecutorRepeatable(executor), GK_SUCCESS);
+  std::vector<uint8_t> workspace(size);
+  ASSERT_EQ(gkMoeInitRoutingGroupedMatmulGrad(workspace.data(), size, executor, nullptr), GK_SUCCESS);
+  EXPECT_TRUE(MatchesReference(in, dx, true));
+  // Reverse the slot order of the rows (still a valid routing) and double gradY.
+  std::reverse(in.routing.gather_idx.begin(), in.routing.gather_idx.end());
+  for (int64_t i = 0; i < in.routing.m; ++i) {
+    in.routing.row_token[i] = in.routing.gather_idx[i] / c.top_k;
+  }
+  for (size_t i = 0; i < in.dy_values.size(); ++i) {
+    in.dy_values[i] *= 2;
+    reinterpret_cast<float*>(in.dy.data())[i] = in.dy_values[i];
+  }
+  ASSERT_EQ(gkMoeInitRoutingGroupedMatmulGrad(workspace.data(), size, executor, nullptr), GK_SUCCESS);
+  EXPECT_TRUE(MatchesReference(in, dx, true));
+  gkDestroyExecutor(executor);
+}
+
+}  // namespace
+}  // namespace gk::testing

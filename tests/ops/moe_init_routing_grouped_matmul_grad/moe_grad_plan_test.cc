@@ -1,0 +1,171 @@
+// The MoeInitRoutingGroupedMatmulGrad plan, as plain data: tiles, work split, workspace layout.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "core/executor.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_plan.h"
+
+namespace gk {
+namespace {
+
+MoeGradShape Shape(int64_t batch, int64_t top_k, int64_t g, int64_t k, int64_t n,
+                   DType dtype = DType::kF32, int64_t m = -1) {
+  MoeGradShape s{};
+  s.batch = batch;
+  s.top_k = top_k;
+  s.g = g;
+  s.k = k;
+  s.n = n;
+  s.m = m < 0 ? batch * top_k : m;
+  s.l = s.m;
+  s.dtype = dtype;
+  s.index_dtype = DType::kI64;
+  s.row_idx_type = RowIdxType::kGather;
+  s.group_list_type = GroupListType::kCount;
+  return s;
+}
+
+MoeGradMachine Machine(int32_t threads) { return {threads, 4000, "test"}; }
+
+std::vector<MoeGradRegion> Regions(const MoeGradLayout& l) {
+  return {l.matmul_out_ring, l.a_tiles, l.b_tiles, l.system, l.group_offsets, l.row_token,
+          l.chunk_starts, l.chunk_rows};
+}
+
+TEST(moe_grad_plan, RegionsAreAlignedDisjointAndInside) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int32_t threads : {1, 2, 3, 8}) {
+      const MoeGradPlan p = MakeMoeGradPlan(Shape(4096, 2, 8, 2048, 1408, dtype), Machine(threads));
+      std::vector<MoeGradRegion> used;
+      for (const auto& r : Regions(p.layout)) {
+        if (r.bytes == 0) continue;
+        EXPECT_EQ(r.offset % 512, 0u);
+        EXPECT_LE(r.offset + r.bytes, p.layout.end);
+        for (const auto& other : used) {
+          EXPECT_TRUE(r.offset >= other.offset + other.bytes || other.offset >= r.offset + r.bytes);
+        }
+        used.push_back(r);
+      }
+      EXPECT_EQ(p.layout.end % 512, 0u);
+      EXPECT_EQ(p.workspace_bytes, p.layout.end + 512);  // room to align the caller's pointer
+      EXPECT_EQ(p.layout.b_tiles.bytes > 0, dtype == DType::kF16);
+    }
+  }
+}
+
+TEST(moe_grad_plan, RingHasParallNumSlotsPerThread) {
+  const MoeGradPlan p = MakeMoeGradPlan(Shape(4096, 2, 8, 2048, 1408), Machine(2));
+  EXPECT_GE(p.parall_num, 2);
+  EXPECT_EQ(p.layout.matmul_out_ring.bytes,
+            static_cast<uint64_t>(p.threads * p.parall_num * p.base_m * p.base_n * 4));
+  EXPECT_EQ(p.layout.system.bytes, 2u * AlignUp(uint64_t{4000}, uint64_t{512}));
+}
+
+TEST(moe_grad_plan, TilesFollowTheSeed) {
+  // base = min(best, extent); rows rounded up to the padding granule.
+  MoeGradPlan p = MakeMoeGradPlan(Shape(1, 1, 1, 128, 256), Machine(2));
+  EXPECT_EQ(p.base_m, kMoeGradRowGranule);
+  EXPECT_EQ(p.base_n, 128);
+  EXPECT_EQ(p.base_k, 256);
+  EXPECT_EQ(p.col_blocks, 1);
+  EXPECT_EQ(p.last_block_cols, 128);
+  p = MakeMoeGradPlan(Shape(10, 3, 4, 128 + 50 + 256, 286), Machine(2));
+  EXPECT_EQ(p.base_m, 32);
+  EXPECT_EQ(p.base_n, kMoeGradBestBaseN);
+  EXPECT_EQ(p.col_blocks, 2);
+  EXPECT_EQ(p.last_block_cols, 434 - kMoeGradBestBaseN);
+  p = MakeMoeGradPlan(Shape(4096, 2, 8, 2048, 1408), Machine(2));
+  EXPECT_EQ(p.base_m, kMoeGradBestBaseM);
+  EXPECT_EQ(p.base_m % kMoeGradRowGranule, 0);
+  EXPECT_EQ(p.gemm_dtype, DType::kF32);
+  EXPECT_EQ(MakeMoeGradPlan(Shape(8, 2, 2, 64, 64, DType::kF16), Machine(1)).gemm_dtype, DType::kF32);
+  EXPECT_EQ(MakeMoeGradPlan(Shape(8, 2, 2, 64, 64, DType::kBF16), Machine(1)).gemm_dtype, DType::kBF16);
+}
+
+// Determinism rests on this: everything that shapes a GEMM call or the order of additions is
+// the same for every thread count; only the thread count and the per-thread regions change.
+TEST(moe_grad_plan, WorkDoesNotDependOnThreads) {
+  for (const MoeGradShape& s : {Shape(4096, 2, 8, 2048, 1408), Shape(110592, 2, 60, 128, 256),
+                                Shape(700, 4, 3, 600, 200, DType::kBF16, 2500)}) {
+    const MoeGradPlan one = MakeMoeGradPlan(s, Machine(1));
+    for (int32_t threads = 2; threads <= 8; ++threads) {
+      const MoeGradPlan p = MakeMoeGradPlan(s, Machine(threads));
+      EXPECT_EQ(p.threads, std::min<int64_t>(threads, p.units));
+      EXPECT_EQ(p.base_m, one.base_m);
+      EXPECT_EQ(p.base_n, one.base_n);
+      EXPECT_EQ(p.col_blocks, one.col_blocks);
+      EXPECT_EQ(p.token_chunks, one.token_chunks);
+      EXPECT_EQ(p.tokens_per_chunk, one.tokens_per_chunk);
+      EXPECT_EQ(p.units, one.units);
+      int64_t units = 0;
+      for (int32_t t = 0; t < p.threads; ++t) units += p.UnitsOfThread(t);
+      EXPECT_EQ(units, p.units);
+    }
+  }
+}
+
+TEST(moe_grad_plan, TokenChunks) {
+  // One column block and many rows: the tokens are split, each chunk thick enough.
+  MoeGradPlan p = MakeMoeGradPlan(Shape(110592, 2, 60, 128, 256), Machine(2));
+  EXPECT_EQ(p.col_blocks, 1);
+  EXPECT_GT(p.token_chunks, 1);
+  EXPECT_LE(p.units, kMoeGradTargetUnits);
+  EXPECT_GE(221184 / p.token_chunks, kMoeGradMinRowsPerExpertChunk * 60 - 60);
+  EXPECT_GE(p.tokens_per_chunk * p.token_chunks, 110592);
+  EXPECT_LT(p.tokens_per_chunk * (p.token_chunks - 1), 110592);
+  EXPECT_GT(p.layout.chunk_rows.bytes, 0u);
+  // Many column blocks: no split.
+  p = MakeMoeGradPlan(Shape(1024, 8, 60, 7168, 2048), Machine(2));
+  EXPECT_EQ(p.token_chunks, 1);
+  EXPECT_EQ(p.units, 28);
+  EXPECT_EQ(p.layout.chunk_rows.bytes, 0u);
+}
+
+// Apart from the index tables (8 bytes per row), the workspace does not grow with M; nothing
+// of [M, K] size exists.
+TEST(moe_grad_plan, WorkspaceDoesNotGrowWithM) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const MoeGradPlan small = MakeMoeGradPlan(Shape(4096, 2, 8, 2048, 1408, dtype), Machine(2));
+    const MoeGradPlan large = MakeMoeGradPlan(Shape(65536, 2, 8, 2048, 1408, dtype), Machine(2));
+    EXPECT_EQ(small.layout.matmul_out_ring, large.layout.matmul_out_ring);
+    EXPECT_EQ(small.layout.a_tiles.bytes, large.layout.a_tiles.bytes);
+    EXPECT_EQ(small.layout.b_tiles.bytes, large.layout.b_tiles.bytes);
+    EXPECT_EQ(small.layout.system.bytes, large.layout.system.bytes);
+    const uint64_t extra_rows = (65536 - 4096) * 2;
+    EXPECT_LE(large.workspace_bytes - small.workspace_bytes, 2 * 8 * extra_rows + 4 * 512);
+    EXPECT_LT(large.workspace_bytes, 131072u * 2048u * 4u / 16);
+  }
+}
+
+// The issue's shapes with the machine's own GEMM library, 2 threads: at most 16 MiB each.
+TEST(moe_grad_plan, IssueShapesFitIn16MiB) {
+  const MoeGradShape shapes[] = {Shape(4096, 2, 8, 2048, 1408), Shape(2048, 8, 64, 2048, 768),
+                                 Shape(1024, 8, 60, 7168, 2048), Shape(110592, 2, 60, 128, 256)};
+  for (const MoeGradShape& base : shapes) {
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+      MoeGradShape s = base;
+      s.dtype = dtype;
+      MoeGradMachine machine = DetectMoeGradMachine(s);
+      machine.threads = 2;
+      const MoeGradPlan p = MakeMoeGradPlan(s, machine);
+      EXPECT_LE(p.workspace_bytes, 16u << 20) << MoeGradPlanToJson(p);
+    }
+  }
+}
+
+TEST(moe_grad_plan, JsonNamesEveryField) {
+  const MoeGradPlan p = MakeMoeGradPlan(Shape(4096, 2, 8, 2048, 1408, DType::kBF16), Machine(2));
+  const std::string json = MoeGradPlanToJson(p);
+  for (const char* key : {"\"base_m\": ", "\"base_n\": 256", "\"base_k\": 1408", "\"parall_num\": 2",
+                          "\"threads\": 2", "\"work_split\"", "\"token_chunks\"", "\"units\"",
+                          "\"matmul_out_ring\"", "\"row_token\"", "\"system\"", "\"alignment\": 512",
+                          "\"workspace_bytes\"", "\"gemm_dtype\": \"bfloat16\""}) {
+    EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
+  }
+  EXPECT_EQ(p, MakeMoeGradPlan(p.shape, Machine(2)));  // computed, not stateful
+}
+
+}  // namespace
+}  // namespace gk
