@@ -1,21 +1,12 @@
 // Compiled only when libtorch is found.
 #include "bench/torch_peer.h"
+#include "bench/torch_peer_util.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/version.h>
 
 namespace gk::bench {
-namespace {
-at::ScalarType TorchDType(DType dtype) {
-  switch (dtype) {
-    case DType::kF16: return at::kHalf;
-    case DType::kBF16: return at::kBFloat16;
-    default: return at::kFloat;
-  }
-}
-}  // namespace
-
 bool TorchPeerAvailable() { return true; }
 std::string TorchPeerVersion() { return TORCH_VERSION; }
 
@@ -24,7 +15,7 @@ std::optional<std::function<void()>> MakeTorchEluBackward(const void* dy, const 
                                                           double scale, double input_scale,
                                                           bool is_result, int32_t threads,
                                                           std::string* why) {
-  const auto options = at::TensorOptions().dtype(TorchDType(dtype));
+  const auto options = at::TensorOptions().dtype(TorchScalarType(dtype));
   auto dy_t = at::from_blob(const_cast<void*>(dy), {elems}, options);
   auto x_t = at::from_blob(const_cast<void*>(x), {elems}, options);
   auto y_t = at::from_blob(y, {elems}, options);
@@ -32,13 +23,7 @@ std::optional<std::function<void()>> MakeTorchEluBackward(const void* dy, const 
   auto run = [=]() mutable {
     at::elu_backward_out(y_t, dy_t, alpha, scale, input_scale, is_result, x_t);
   };
-  try {
-    run();
-  } catch (const std::exception& e) {
-    if (why != nullptr) *why = std::string(e.what()).substr(0, 120);
-    return std::nullopt;
-  }
-  return run;
+  return TryTorchPeer(run, why);
 }
 
 }  // namespace gk::bench

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include "bench/torch_peer_moe.h"
+#include "bench/torch_peer_util.h"
 
 namespace gk::bench {
 
@@ -10,10 +11,7 @@ std::optional<std::function<void()>> MakeTorchMoeGradComposite(
     const void* dy, const void* w, void* dx, DType dtype, int64_t m, int64_t n, int64_t k,
     int64_t batch, const std::vector<int64_t>& group_counts, const std::vector<int64_t>& row_token,
     int32_t threads, std::string* why) {
-  const at::ScalarType type = dtype == DType::kF16    ? at::kHalf
-                              : dtype == DType::kBF16 ? at::kBFloat16
-                                                      : at::kFloat;
-  const auto options = at::TensorOptions().dtype(type);
+  const auto options = at::TensorOptions().dtype(TorchScalarType(dtype));
   const int64_t g = static_cast<int64_t>(group_counts.size());
   auto dy_t = at::from_blob(const_cast<void*>(dy), {m, n}, options);
   auto w_t = at::from_blob(const_cast<void*>(w), {g, k, n}, options);
@@ -34,13 +32,7 @@ std::optional<std::function<void()>> MakeTorchMoeGradComposite(
     dx_t.zero_();
     dx_t.index_add_(0, tokens, expanded);
   };
-  try {
-    run();
-  } catch (const std::exception& e) {
-    if (why != nullptr) *why = std::string(e.what()).substr(0, 120);
-    return std::nullopt;
-  }
-  return run;
+  return TryTorchPeer(run, why);
 }
 
 }  // namespace gk::bench

@@ -13,7 +13,6 @@ target_sources(gradkit PRIVATE
 
 # oneDNN does the matrix work when installed (Debian libdnnl-dev); without it the operator runs
 # on gradkit's own Highway tile kernel (correct and deterministic, several times slower).
-option(GRADKIT_WITH_DNNL "Use oneDNN for matrix work when it is installed" ON)
 set(GRADKIT_HAVE_DNNL OFF)
 if(GRADKIT_WITH_DNNL)
   find_package(dnnl CONFIG QUIET)
