@@ -122,23 +122,34 @@ HWY_INLINE void StoreFromF32(DF df, hn::Vec<DF> v, typename Storage::Lane* HWY_R
   }
 }
 
-// Whether StreamFromF32 writes with non-temporal stores on this target (full vectors only).
-inline constexpr bool kHasStreamingStores = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
+// Whether StreamPairFromF32 writes with non-temporal stores on this target.
+inline constexpr bool kHasStreamingStores = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;  // as below
 
-// As StoreFromF32, but bypassing the caches where the target allows, for outputs too large to
-// stay cached: it saves the read-for-ownership of every output line. `p` must be aligned to the
-// stored vector's size. Callers end with hwy::FlushStream() before other threads read.
+// Stores two vectors (2 * Lanes(df) elements) as StoreFromF32 does, but bypassing the caches
+// where the target allows, for outputs too large to stay cached: it saves the read-for-ownership
+// of every output line. 16-bit results of the pair are joined into one full vector first, so
+// every non-temporal store writes whole vectors (half-vector ones measured slower than plain
+// stores). `p` must be aligned to MaxLanes(df) * 4 bytes. Callers end with hwy::FlushStream()
+// before other threads read.
 template <class Storage, class DF>
-HWY_INLINE void StreamFromF32(DF df, hn::Vec<DF> v, typename Storage::Lane* HWY_RESTRICT p) {
-  if constexpr (!kHasStreamingStores) {
-    StoreFromF32<Storage>(df, v, p);
-  } else if constexpr (std::is_same_v<Storage, F32Storage>) {
-    hn::Stream(v, df, p);
+HWY_INLINE void StreamPairFromF32(DF df, hn::Vec<DF> v0, hn::Vec<DF> v1,
+                                  typename Storage::Lane* HWY_RESTRICT p) {
+  const size_t lanes = hn::Lanes(df);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  if constexpr (std::is_same_v<Storage, F32Storage>) {
+    hn::Stream(v0, df, p);
+    hn::Stream(v1, df, p + lanes);
   } else {
-    const hn::Rebind<uint16_t, DF> du16;
-    const auto bits = std::is_same_v<Storage, F16Storage> ? F16BitsRne(df, v) : Bf16BitsRne(df, v);
-    hn::Stream(bits, du16, reinterpret_cast<uint16_t*>(p));
+    constexpr bool kF16 = std::is_same_v<Storage, F16Storage>;
+    const hn::Repartition<uint16_t, DF> du16;
+    const auto low = kF16 ? F16BitsRne(df, v0) : Bf16BitsRne(df, v0);
+    const auto high = kF16 ? F16BitsRne(df, v1) : Bf16BitsRne(df, v1);
+    hn::Stream(hn::Combine(du16, high, low), du16, reinterpret_cast<uint16_t*>(p));
   }
+#else
+  StoreFromF32<Storage>(df, v0, p);
+  StoreFromF32<Storage>(df, v1, p + lanes);
+#endif
 }
 
 }  // namespace HWY_NAMESPACE

@@ -70,16 +70,13 @@ HWY_NOINLINE void EluGradV2Run(const void* dy_bytes, const void* x_bytes, void* 
   int64_t i = 0;
   const auto y_address = reinterpret_cast<uintptr_t>(y);
   if (kHasStreamingStores && stream_output && y_address % sizeof(OutLane) == 0) {
-    // Peel up to the first vector-aligned output, then stream whole vectors.
-    constexpr uintptr_t kAlign = hn::MaxLanes(df) * sizeof(OutLane);
+    // Peel up to the first aligned output, then stream pairs of vectors.
+    constexpr uintptr_t kAlign = hn::MaxLanes(df) * sizeof(float);
     const int64_t head = std::min<int64_t>(
         n, static_cast<int64_t>((kAlign - y_address % kAlign) % kAlign / sizeof(OutLane)));
     run_padded(0, head);
     for (i = head; i + 2 * lanes <= n; i += 2 * lanes) {
-      const auto y0 = compute(i);
-      const auto y1 = compute(i + lanes);
-      StreamFromF32<Out>(df, y0, y + i);
-      StreamFromF32<Out>(df, y1, y + i + lanes);
+      StreamPairFromF32<Out>(df, compute(i), compute(i + lanes), y + i);
     }
   } else {
     for (; i + 2 * lanes <= n; i += 2 * lanes) {
