@@ -117,6 +117,25 @@ gkStatus CheckDisjoint(std::string_view api, const gkTensor& out, std::string_vi
               in_name);
 }
 
+gkStatus CheckPositive(std::string_view api, int64_t value, std::string_view name) {
+  if (value > 0) return GK_SUCCESS;
+  return Fail(GK_ERROR_PARAM_INVALID, api, "{} is {}, it must be > 0", name, value);
+}
+
+gkStatus CheckContiguous(std::string_view api, const gkTensor& t, std::string_view name) {
+  if (IsContiguous(t)) return GK_SUCCESS;
+  return Fail(GK_ERROR_PARAM_INVALID, api,
+              "{} with shape {} has strides {}; it must be contiguous (C order)", name,
+              ShapeString(t), StridesString(t));
+}
+
+gkStatus CheckDimIs(std::string_view api, const gkTensor& t, std::string_view name, int dim,
+                    int64_t expected, std::string_view rule) {
+  if (t.dims[dim] == expected) return GK_SUCCESS;
+  return Fail(GK_ERROR_PARAM_INVALID, api, "{} has shape {}: dim {} is {}, it must be {} ({})",
+              name, ShapeString(t), dim, t.dims[dim], expected, rule);
+}
+
 gkStatus CheckFiniteF32(std::string_view api, double value, std::string_view name) {
   if (std::isfinite(static_cast<float>(value))) return GK_SUCCESS;
   return Fail(GK_ERROR_PARAM_INVALID, api, "{} is {}, it must be finite in float32", name, value);

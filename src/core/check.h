@@ -31,6 +31,11 @@ gkStatus CheckAliasOrDisjoint(std::string_view api, const gkTensor& out, std::st
                               const gkTensor& in, std::string_view in_name);
 gkStatus CheckDisjoint(std::string_view api, const gkTensor& out, std::string_view out_name,
                        const gkTensor& in, std::string_view in_name);
+gkStatus CheckPositive(std::string_view api, int64_t value, std::string_view name);
+gkStatus CheckContiguous(std::string_view api, const gkTensor& t, std::string_view name);
+// Dim `dim` of t equals `expected`; `rule` says why (e.g. "weight.shape[2] = N").
+gkStatus CheckDimIs(std::string_view api, const gkTensor& t, std::string_view name, int dim,
+                    int64_t expected, std::string_view rule);
 // An attribute converts to a finite float32.
 gkStatus CheckFiniteF32(std::string_view api, double value, std::string_view name);
 

@@ -14,31 +14,7 @@ std::string_view GroupListTypeName(GroupListType type) {
   return type == GroupListType::kCount ? "count" : "cumsum";
 }
 
-gkStatus CheckPositive(std::string_view api, int64_t value, std::string_view name) {
-  if (value > 0) return GK_SUCCESS;
-  return Fail(GK_ERROR_PARAM_INVALID, api, "{} is {}, it must be > 0", name, value);
-}
-
-gkStatus CheckContiguous(std::string_view api, const gkTensor& t, std::string_view name) {
-  if (IsContiguous(t)) return GK_SUCCESS;
-  return Fail(GK_ERROR_PARAM_INVALID, api,
-              "{} with shape {} has strides {}; it must be contiguous (C order)", name,
-              ShapeString(t), StridesString(t));
-}
-
-gkStatus CheckDimIs(std::string_view api, const gkTensor& t, std::string_view name, int dim,
-                    int64_t expected, std::string_view rule) {
-  if (t.dims[dim] == expected) return GK_SUCCESS;
-  return Fail(GK_ERROR_PARAM_INVALID, api, "{} has shape {}: dim {} is {}, it must be {} ({})",
-              name, ShapeString(t), dim, t.dims[dim], expected, rule);
-}
-
 namespace {
-
-gkStatus CheckDTypeInTable(std::string_view api, const gkTensor& t, std::string_view name,
-                           std::initializer_list<DType> table) {
-  return CheckDTypeIn(api, t, name, table);
-}
 
 gkStatus CheckAttributes(std::string_view api, const MoeGradArgs& a) {
   GK_RETURN_IF_ERROR(CheckPositive(api, a.batch, "batch"));
@@ -91,6 +67,12 @@ gkStatus CheckShapes(std::string_view api, const MoeGradArgs& a, MoeGradShape* s
     return Fail(GK_ERROR_PARAM_INVALID, api,
                 "weight has shape {}: K (dim 1) and N (dim 2) must both be >= 1", ShapeString(w));
   }
+  // The seed bounds every dim by 2^31 (uint32 tiling fields); the plan's tile and workspace
+  // arithmetic (threads x base_m x N, ...) relies on it to stay inside 64 bits.
+  if (s->k > kMoeGradMaxDim || s->n > kMoeGradMaxDim || s->g > kMoeGradMaxDim) {
+    return Fail(GK_ERROR_PARAM_INVALID, api,
+                "weight has shape {}: G, K and N must each be below 2^31", ShapeString(w));
+  }
   GK_RETURN_IF_ERROR(CheckDimIs(api, dy, "gradY", 1, s->n, "N, weight.shape[2]"));
   GK_RETURN_IF_ERROR(CheckDimIs(api, groups, "groupList", 0, s->g, "G, weight.shape[0]"));
   GK_RETURN_IF_ERROR(CheckDimIs(api, dx, "gradX", 0, s->batch, "batch"));
@@ -129,11 +111,11 @@ gkStatus CheckMoeGrad(std::string_view api, const MoeGradArgs& a, MoeGradShape* 
   const gkTensor& groups = *a.group_list;
   const gkTensor& dx = *a.grad_x;
 
-  GK_RETURN_IF_ERROR(CheckDTypeInTable(api, dy, "gradY", {DType::kF32, DType::kF16, DType::kBF16}));
+  GK_RETURN_IF_ERROR(CheckDTypeIn(api, dy, "gradY", {DType::kF32, DType::kF16, DType::kBF16}));
   GK_RETURN_IF_ERROR(CheckSameDType(api, w, "weight", dy, "gradY"));
-  GK_RETURN_IF_ERROR(CheckDTypeInTable(api, idx, "expandedRowIdx", {DType::kI64, DType::kI32}));
-  GK_RETURN_IF_ERROR(CheckDTypeInTable(api, groups, "groupList", {DType::kI64}));
-  GK_RETURN_IF_ERROR(CheckDTypeInTable(api, dx, "gradX", {kMoeGradOutputDType}));
+  GK_RETURN_IF_ERROR(CheckDTypeIn(api, idx, "expandedRowIdx", {DType::kI64, DType::kI32}));
+  GK_RETURN_IF_ERROR(CheckDTypeIn(api, groups, "groupList", {DType::kI64}));
+  GK_RETURN_IF_ERROR(CheckDTypeIn(api, dx, "gradX", {kMoeGradOutputDType}));
   static_assert(std::size(kMoeGradFloatDTypes) == 3 && std::size(kMoeGradRowIdxDTypes) == 2 &&
                 std::size(kMoeGradGroupListDTypes) == 1,
                 "keep the check lists above in step with the tables in moe_grad_def.h");

@@ -11,6 +11,8 @@
 
 namespace gk {
 
+inline constexpr int64_t kMoeGradMaxDim = (int64_t{1} << 31) - 1;  // G, K, N
+
 inline constexpr std::string_view kMoeGradName = "MoeInitRoutingGroupedMatmulGrad";
 
 // How expandedRowIdx maps rows (see the public header).
@@ -57,12 +59,5 @@ struct MoeGradShape {
 // Checks every argument, descriptors first, then the index values; on failure records the
 // message (argument, value, rule) and returns its status. Reads groupList and expandedRowIdx.
 gkStatus CheckMoeGrad(std::string_view api, const MoeGradArgs& args, MoeGradShape* shape);
-
-// Named helpers used by the checks above (generic, but kept here until a second operator needs
-// them).
-gkStatus CheckPositive(std::string_view api, int64_t value, std::string_view name);
-gkStatus CheckContiguous(std::string_view api, const gkTensor& t, std::string_view name);
-gkStatus CheckDimIs(std::string_view api, const gkTensor& t, std::string_view name, int dim,
-                    int64_t expected, std::string_view rule);
 
 }  // namespace gk

@@ -33,10 +33,11 @@ gkStatus BuildGroupOffsets(std::string_view api, const gkTensor& group_list,
                     "groupList[{}] is {}, a row count must be >= 0", g, value);
       }
       if (value > shape.m - previous) {  // also keeps the running total from overflowing
+        // Print the prefix and the value, not their sum: it may pass 2^63.
         return Fail(GK_ERROR_PARAM_INVALID, api,
-                    "groupList[{}] is {}: the counts so far total {}, more than M = {} rows of "
-                    "gradY",
-                    g, value, previous + value, shape.m);
+                    "groupList[{}] is {} after {} rows in groups before it: the counts total more "
+                    "than M = {} rows of gradY",
+                    g, value, previous, shape.m);
       }
       end = previous + value;
     }
