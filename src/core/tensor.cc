@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "core/error.h"
@@ -28,7 +29,8 @@ bool IsContiguous(const gkTensor& t) {
   int64_t expected = 1;
   for (int d = t.ndims - 1; d >= 0; --d) {
     if (t.dims[d] != 1 && t.strides[d] != expected) return false;
-    expected *= t.dims[d];
+    // Past int64 only in an empty view with huge dims ([0, 5, 2^62]): call it strided.
+    if (__builtin_mul_overflow(expected, t.dims[d], &expected)) return false;
   }
   return true;
 }
@@ -51,14 +53,16 @@ std::optional<ByteRange> TouchedBytes(const gkTensor& t) {
     }
   }
   const int64_t bytes = ElementBytes(t.dtype);
-  int64_t low_bytes, high_bytes;
-  if (__builtin_mul_overflow(low, bytes, &low_bytes) ||
-      __builtin_mul_overflow(high + 1, bytes, &high_bytes)) {
+  int64_t low_bytes, high_bytes, end;
+  if (__builtin_add_overflow(high, 1, &end) || __builtin_mul_overflow(low, bytes, &low_bytes) ||
+      __builtin_mul_overflow(end, bytes, &high_bytes)) {
     return std::nullopt;
   }
   const auto base = reinterpret_cast<uintptr_t>(t.data);
+  // |low_bytes| as unsigned: negating INT64_MIN in int64 would overflow.
+  const uintptr_t below = uintptr_t{0} - static_cast<uintptr_t>(low_bytes);
   uintptr_t first, last;
-  if (low_bytes < 0 ? base < static_cast<uintptr_t>(-low_bytes)
+  if (low_bytes < 0 ? base < below
                     : __builtin_add_overflow(base, static_cast<uintptr_t>(low_bytes), &first)) {
     return std::nullopt;  // the view starts below address 0
   }
@@ -110,10 +114,14 @@ StridedCursor::StridedCursor(const gkTensor& t, int64_t start_index) : t_(t), of
 }
 
 void StridedCursor::Next() {
+  // Only offsets of elements of the view are formed (phase 1 checked that those fit in int64);
+  // stepping past the end of a dim first could overflow, e.g. a size-1 dim with stride 2^63.
   for (int d = t_.ndims - 1; d >= 0; --d) {
-    offset_ += t_.strides[d];
-    if (++index_[d] < t_.dims[d]) return;
-    offset_ -= index_[d] * t_.strides[d];
+    if (++index_[d] < t_.dims[d]) {
+      offset_ += t_.strides[d];
+      return;
+    }
+    offset_ -= (index_[d] - 1) * t_.strides[d];
     index_[d] = 0;
   }
 }
@@ -132,9 +140,13 @@ extern "C" gkTensor* gkCreateTensor(const int64_t* dims, uint64_t ndims, gkDataT
     gk::Fail(GK_ERROR_NULLPTR, kApi, "dims is NULL while ndims is {}", ndims);
     return nullptr;
   }
-  if (!gk::IsKnownDType(static_cast<int32_t>(dtype))) {
-    gk::Fail(GK_ERROR_PARAM_INVALID, kApi, "dtype {} is not a gkDataType",
-             static_cast<int32_t>(dtype));
+  // A C caller may pass any int: read the enum's bits, not its value (in C++ loading an enum
+  // outside its range is undefined, and the compiler may assume it never happens).
+  int32_t dtype_value;
+  static_assert(sizeof dtype_value == sizeof dtype);
+  std::memcpy(&dtype_value, &dtype, sizeof dtype_value);
+  if (!gk::IsKnownDType(dtype_value)) {
+    gk::Fail(GK_ERROR_PARAM_INVALID, kApi, "dtype {} is not a gkDataType", dtype_value);
     return nullptr;
   }
   if (offset < 0) {
@@ -142,7 +154,7 @@ extern "C" gkTensor* gkCreateTensor(const int64_t* dims, uint64_t ndims, gkDataT
     return nullptr;
   }
   auto* t = new gkTensor;
-  t->dtype = static_cast<gk::DType>(dtype);
+  t->dtype = static_cast<gk::DType>(dtype_value);
   t->ndims = static_cast<int32_t>(ndims);
   t->offset = offset;
   t->data = data;

@@ -1,6 +1,8 @@
 // gradkit moe-grad | plan moe-grad | bench moe-grad, and the operator's part of `gradkit demo`.
 #include <fmt/format.h>
 
+#include <new>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -38,7 +40,20 @@ MoeGradRun RunMoeGradOp(const void* dy, const std::vector<int64_t>& dy_shape, co
                         int64_t batch, int64_t top_k, int64_t row_idx_type,
                         gkGroupListType group_list_type) {
   const int64_t k = w_shape.size() == 3 ? w_shape[1] : 0;
-  MoeGradRun run{std::vector<float>(static_cast<size_t>(std::max<int64_t>(batch, 0) * k)), 0};
+  // gradX is allocated before the library sees the arguments: refuse what cannot be allocated
+  // here, as a user error (exit 2), rather than overflowing or dying of bad_alloc.
+  int64_t out_bytes;
+  if (__builtin_mul_overflow(std::max<int64_t>(batch, 0), k, &out_bytes) ||
+      __builtin_mul_overflow(out_bytes, int64_t{4}, &out_bytes)) {
+    throw CliError(fmt::format("--batch {} x K {} floats of gradX overflow 64 bits", batch, k));
+  }
+  MoeGradRun run{{}, 0};
+  try {
+    run.grad_x.resize(static_cast<size_t>(out_bytes / 4));
+  } catch (const std::bad_alloc&) {
+    throw CliError(fmt::format("--batch {} x K {}: cannot allocate the {} bytes of gradX", batch,
+                               k, out_bytes));
+  }
   TensorHandle dy_t = MakeTensor(dy_shape, dtype, const_cast<void*>(dy));
   TensorHandle w_t = MakeTensor(w_shape, dtype, const_cast<void*>(w));
   TensorHandle idx_t = MakeTensor(idx_shape, idx_dtype, const_cast<void*>(idx));

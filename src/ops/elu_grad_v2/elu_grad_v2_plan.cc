@@ -10,7 +10,8 @@
 namespace gk {
 namespace {
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// Without a + b - 1, which overflows for counts near 2^63 (views with zero strides get there).
+int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 EluGradV2Mode ChooseMode(const EluGradV2Problem& p, int64_t tile_elems) {
   const bool result = p.is_result;
@@ -99,8 +100,11 @@ EluGradV2Plan MakeEluGradV2Plan(const EluGradV2Problem& problem, const EluGradV2
 
   // Once the bytes moved exceed the last-level cache nothing stays cached for a consumer anyway;
   // non-temporal stores then save the read-for-ownership of every output line (3 streams, not 4).
+  int64_t moved_bytes;
   plan.streaming_stores =
-      problem.contiguous && problem.elems * (2 * in_bytes + out_bytes) > machine.llc_bytes;
+      problem.contiguous &&
+      (__builtin_mul_overflow(problem.elems, 2 * in_bytes + out_bytes, &moved_bytes) ||
+       moved_bytes > machine.llc_bytes);
 
   if (UsesScratch(plan)) {
     plan.scratch_elems_per_thread = 2 * plan.tile_elems;

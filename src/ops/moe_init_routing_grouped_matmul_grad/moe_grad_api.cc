@@ -187,8 +187,13 @@ extern "C" gkStatus gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
   if (executor != nullptr) *executor = nullptr;
   GK_RETURN_IF_ERROR(CheckNotNull(kPhase1, workspaceSize, "workspaceSize"));
   GK_RETURN_IF_ERROR(CheckNotNull(kPhase1, executor, "executor"));
+  // A C caller may pass any int: read the enum's bits, not its value (loading an enum outside
+  // its range is undefined in C++); the checks then name the bad value.
+  int32_t group_list_type;
+  static_assert(sizeof group_list_type == sizeof groupListType);
+  std::memcpy(&group_list_type, &groupListType, sizeof group_list_type);
   const MoeGradArgs args{gradY, weight, expandedRowIdx, groupList, batch, topK, rowIdxType,
-                         static_cast<int64_t>(groupListType), gradX};
+                         group_list_type, gradX};
   try {
     MoeGradShape shape{};
     GK_RETURN_IF_ERROR(CheckMoeGrad(kPhase1, args, &shape));

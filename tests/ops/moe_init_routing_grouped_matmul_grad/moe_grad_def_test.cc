@@ -251,7 +251,7 @@ TEST(moe_grad_def, GroupListValues) {
   ExpectRejected(p, {"groupList[1] is -1", "row count must be >= 0"});
   p = Problem();
   p.groups = {4, 3, 4};
-  ExpectRejected(p, {"groupList[2] is 4", "total 11", "M = 10"});
+  ExpectRejected(p, {"groupList[2] is 4 after 7 rows", "M = 10"});
   p = Problem();
   p.groups = {4, 3, 2};
   ExpectRejected(p, {"groupList (count) totals 9", "M = 10", "must be equal"});

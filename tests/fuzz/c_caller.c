@@ -1,0 +1,16 @@
+#include "tests/fuzz/c_caller.h"
+
+gkTensor* gkFuzzCreateTensor(const int64_t* dims, uint64_t ndims, int32_t dtype,
+                             const int64_t* strides, int64_t offset, void* data) {
+  return gkCreateTensor(dims, ndims, (gkDataType)dtype, strides, offset, data);
+}
+
+gkStatus gkFuzzMoeGradGetWorkspaceSize(const gkTensor* gradY, const gkTensor* weight,
+                                       const gkTensor* expandedRowIdx, const gkTensor* groupList,
+                                       int64_t batch, int64_t topK, int64_t rowIdxType,
+                                       int32_t groupListType, gkTensor* gradX,
+                                       uint64_t* workspaceSize, gkOpExecutor** executor) {
+  return gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
+      gradY, weight, expandedRowIdx, groupList, batch, topK, rowIdxType,
+      (gkGroupListType)groupListType, gradX, workspaceSize, executor);
+}

@@ -1,0 +1,25 @@
+// Entry points called the way a C program may call them: enum arguments hold any int. (In C++
+// an out-of-range enum value is undefined before it reaches gradkit, so the fuzz targets pass
+// such values through these C functions.)
+#pragma once
+
+#include <stdint.h>
+
+#include "gradkit/gradkit.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+gkTensor* gkFuzzCreateTensor(const int64_t* dims, uint64_t ndims, int32_t dtype,
+                             const int64_t* strides, int64_t offset, void* data);
+
+gkStatus gkFuzzMoeGradGetWorkspaceSize(const gkTensor* gradY, const gkTensor* weight,
+                                       const gkTensor* expandedRowIdx, const gkTensor* groupList,
+                                       int64_t batch, int64_t topK, int64_t rowIdxType,
+                                       int32_t groupListType, gkTensor* gradX,
+                                       uint64_t* workspaceSize, gkOpExecutor** executor);
+
+#ifdef __cplusplus
+}
+#endif
