@@ -18,43 +18,19 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // exp(z), within about 1.5 ulp. NaN gives NaN; results beyond float32 give +inf or 0.
 //   n = round(z / ln 2) with the 1.5 * 2^23 rounding constant, r = z - n ln 2 in two parts,
-//   exp(r) by a degree-6 polynomial (relative error 2e-9 on [-ln2/2, ln2/2]), times 2^n built
-//   in the exponent bits. That needs 2^n to be a normal float, |z| <= 87; a vector with a lane
-//   outside (rare: exp is then below 2^-126 or near overflow) takes Highway's Exp, which scales
-//   in two steps and keeps subnormal results.
+//   exp(r) by a degree-6 polynomial (relative error 2e-9 on [-ln2/2, ln2/2]), times 2^n.
 // With AVX-512, vscalefps computes p * 2^n in one instruction over the whole range (subnormal
-// results and overflow included), so there is no slow path: 13 operations, no branch.
-template <class DF, class V = hn::Vec<DF>>
-HWY_INLINE V ExpF32Scalef(DF df, V z) {
-  // min/max return their second operand when one is NaN: a NaN z passes through both clamps.
-  z = hn::Max(hn::Set(df, -104.0f), hn::Min(hn::Set(df, 89.0f), z));
-  const V rounding = hn::Set(df, 12582912.0f);  // 1.5 * 2^23
-  const V n = hn::Sub(hn::MulAdd(z, hn::Set(df, 1.44269502f), rounding), rounding);
-  V r = hn::NegMulAdd(n, hn::Set(df, 0.693145751953125f), z);
-  r = hn::NegMulAdd(n, hn::Set(df, 1.428606765330187e-06f), r);
-  V p = hn::Set(df, 0.0013843540800735354f);
-  p = hn::MulAdd(p, r, hn::Set(df, 0.008374175056815147f));
-  p = hn::MulAdd(p, r, hn::Set(df, 0.04166800528764725f));
-  p = hn::MulAdd(p, r, hn::Set(df, 0.16666431725025177f));
-  p = hn::MulAdd(p, r, hn::Set(df, 0.4999999403953552f));
-  p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
-  p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  return V{_mm512_scalef_ps(p.raw, n.raw)};
-#else
-  return p;  // not reached: ExpF32 calls this only where vscalefps exists
-#endif
-}
+// results and overflow included): 13 operations, no branch. Elsewhere 2^n is built in the
+// exponent bits, which needs it to be a normal float, |z| <= 87; a vector with a lane outside
+// (rare: exp is then below 2^-126 or near overflow) takes Highway's Exp, which scales in two
+// steps and keeps subnormal results.
 
+// The shared part: t = z / ln 2 + 1.5 * 2^23, whose low mantissa bits hold n, and p = exp(r).
 template <class DF, class V = hn::Vec<DF>>
-HWY_INLINE V ExpF32(DF df, V z) {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  if constexpr (hn::MaxLanes(DF()) * sizeof(float) == 64) return ExpF32Scalef(df, z);
-#endif
-  const hn::RebindToSigned<DF> di;
+HWY_INLINE V ExpF32Reduced(DF df, V z, V* t) {
   const V rounding = hn::Set(df, 12582912.0f);  // 1.5 * 2^23
-  const V t = hn::MulAdd(z, hn::Set(df, 1.44269502f), rounding);
-  const V n = hn::Sub(t, rounding);
+  *t = hn::MulAdd(z, hn::Set(df, 1.44269502f), rounding);
+  const V n = hn::Sub(*t, rounding);
   V r = hn::NegMulAdd(n, hn::Set(df, 0.693145751953125f), z);  // ln 2, high part: exact n * hi
   r = hn::NegMulAdd(n, hn::Set(df, 1.428606765330187e-06f), r);  // ln 2, low part
   V p = hn::Set(df, 0.0013843540800735354f);
@@ -63,7 +39,24 @@ HWY_INLINE V ExpF32(DF df, V z) {
   p = hn::MulAdd(p, r, hn::Set(df, 0.16666431725025177f));
   p = hn::MulAdd(p, r, hn::Set(df, 0.4999999403953552f));
   p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
-  p = hn::MulAdd(p, r, hn::Set(df, 1.0f));
+  return hn::MulAdd(p, r, hn::Set(df, 1.0f));
+}
+
+template <class DF, class V = hn::Vec<DF>>
+HWY_INLINE V ExpF32(DF df, V z) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (hn::MaxLanes(DF()) * sizeof(float) == 64) {
+    // min/max return their second operand when one is NaN: a NaN z passes both clamps.
+    z = hn::Max(hn::Set(df, -104.0f), hn::Min(hn::Set(df, 89.0f), z));
+    V t;
+    const V p = ExpF32Reduced(df, z, &t);
+    const V n = hn::Sub(t, hn::Set(df, 12582912.0f));
+    return V{_mm512_scalef_ps(p.raw, n.raw)};
+  }
+#endif
+  const hn::RebindToSigned<DF> di;
+  V t;
+  const V p = ExpF32Reduced(df, z, &t);
   // t's low mantissa bits hold n; shifted into the exponent field they give 2^n. A NaN z
   // makes p NaN, and the product keeps it.
   const V two_to_n = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127))));
