@@ -12,21 +12,6 @@
 
 namespace gk::bench {
 
-double BestSeconds(const std::function<void()>& fn, double min_seconds, int min_reps) {
-  using Clock = std::chrono::steady_clock;
-  fn();
-  double best = 1e30, total = 0;
-  for (int rep = 0; rep < min_reps || total < min_seconds; ++rep) {
-    const auto start = Clock::now();
-    fn();
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    best = std::min(best, seconds);
-    total += seconds;
-    if (rep > 1000) break;
-  }
-  return best;
-}
-
 std::vector<double> BestSecondsInterleaved(const std::vector<std::function<void()>>& candidates,
                                            double min_seconds, int min_reps) {
   using Clock = std::chrono::steady_clock;

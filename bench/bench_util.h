@@ -10,10 +10,6 @@
 
 namespace gk::bench {
 
-// Runs fn once to warm up, then repeatedly until `min_seconds` have passed and at least
-// `min_reps` runs were made; returns the fastest run in seconds.
-double BestSeconds(const std::function<void()>& fn, double min_seconds = 0.25, int min_reps = 3);
-
 // Runs the candidates in turn, round after round (so that a noisy neighbour slows all of them
 // alike), until `min_seconds` have passed in total and each ran at least `min_reps` times;
 // returns each one's fastest run in seconds.

@@ -3,6 +3,8 @@
 
 #include <new>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -46,6 +48,14 @@ MoeGradRun RunMoeGradOp(const void* dy, const std::vector<int64_t>& dy_shape, co
   if (__builtin_mul_overflow(std::max<int64_t>(batch, 0), k, &out_bytes) ||
       __builtin_mul_overflow(out_bytes, int64_t{4}, &out_bytes)) {
     throw CliError(fmt::format("--batch {} x K {} floats of gradX overflow 64 bits", batch, k));
+  }
+  // Refuse up front what cannot fit in memory (an allocator under a sanitizer aborts rather than
+  // throw); bad_alloc below covers the rest.
+  const int64_t memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  if (memory_bytes > 0 && out_bytes > memory_bytes) {
+    throw CliError(fmt::format("--batch {} x K {}: gradX needs {} bytes, more than this machine's "
+                               "{} bytes of memory",
+                               batch, k, out_bytes, memory_bytes));
   }
   MoeGradRun run{{}, 0};
   try {

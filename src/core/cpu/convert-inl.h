@@ -122,8 +122,9 @@ HWY_INLINE void StoreFromF32(DF df, hn::Vec<DF> v, typename Storage::Lane* HWY_R
   }
 }
 
-// Whether StreamPairFromF32 writes with non-temporal stores on this target.
-inline constexpr bool kHasStreamingStores = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;  // as below
+// Whether StreamPairFromF32 writes with non-temporal stores on this target (the same condition
+// as its #if).
+inline constexpr bool kHasStreamingStores = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
 
 // Stores two vectors (2 * Lanes(df) elements) as StoreFromF32 does, but bypassing the caches
 // where the target allows, for outputs too large to stay cached: it saves the read-for-ownership

@@ -20,7 +20,12 @@ class EluGradV2Executor final : public gkOpExecutor {
  public:
   EluGradV2Executor(const EluGradV2Plan& plan, const gkTensor& dy, const gkTensor& x,
                     const gkTensor& y, EluGradV2Kernel kernel)
-      : plan_(plan), dy_(dy), x_(x), y_(y), kernel_(kernel) {}
+      : plan_(plan),
+        dy_(dy),
+        x_(x),
+        y_(y),
+        kernel_(kernel),
+        f32_kernel_(FindEluGradV2Kernel(DType::kF32, DType::kF32, plan.is_result)) {}
 
   std::string_view op_name() const override { return kEluGradV2Name; }
   uint64_t workspace_bytes() const override { return plan_.workspace_bytes; }
@@ -61,8 +66,6 @@ class EluGradV2Executor final : public gkOpExecutor {
   void RunStridedShare(int64_t begin, int64_t elems, float* scratch) const {
     float* dy_tile = scratch;
     float* x_tile = scratch + plan_.tile_elems;
-    const EluGradV2Kernel f32_kernel = FindEluGradV2Kernel(DType::kF32, DType::kF32,
-                                                           plan_.is_result);
     StridedCursor dy_at(dy_, begin), x_at(x_, begin), y_at(y_, begin);
     for (int64_t i = begin; i < begin + elems; i += plan_.tile_elems) {
       const int64_t n = std::min(plan_.tile_elems, begin + elems - i);
@@ -70,7 +73,7 @@ class EluGradV2Executor final : public gkOpExecutor {
         dy_tile[j] = LoadAsF32(dy_.data, dy_at.offset(), dy_.dtype);
         x_tile[j] = LoadAsF32(x_.data, x_at.offset(), x_.dtype);
       }
-      f32_kernel(dy_tile, x_tile, dy_tile, n, plan_.coef, /*stream_output=*/false);
+      f32_kernel_(dy_tile, x_tile, dy_tile, n, plan_.coef, /*stream_output=*/false);
       for (int64_t j = 0; j < n; ++j, y_at.Next()) {
         StoreFromF32(y_.data, y_at.offset(), y_.dtype, dy_tile[j]);
       }
@@ -79,7 +82,8 @@ class EluGradV2Executor final : public gkOpExecutor {
 
   EluGradV2Plan plan_;
   gkTensor dy_, x_, y_;  // copies: the caller may release its descriptors after phase 1
-  EluGradV2Kernel kernel_;
+  EluGradV2Kernel kernel_;      // the plan's dtype pair, contiguous views
+  EluGradV2Kernel f32_kernel_;  // float32 scratch tiles, strided views
 };
 
 }  // namespace
