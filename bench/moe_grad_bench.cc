@@ -107,7 +107,7 @@ MoeGradBenchResult RunMoeGradBenchCase(const MoeGradBenchCase& c, double min_sec
   uint64_t workspace_size = 0;
   gkOpExecutor* executor = nullptr;
   Check(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(dy_t, w_t, idx_t, groups_t, c.batch,
-                                                          c.top_k, 0, GK_GROUP_LIST_COUNT, dx_t,
+                                                          c.top_k, GK_ROW_IDX_GATHER, GK_GROUP_LIST_COUNT, dx_t,
                                                           &workspace_size, &executor));
   Check(gkSetExecutorRepeatable(executor));
   std::vector<uint8_t> workspace(workspace_size);

@@ -9,7 +9,13 @@
  * gkSetExecutorRepeatable lets it run again on the same tensors (their data may change).
  *
  * Errors return a status code by class; gkGetRecentErrMsg() returns, for the calling thread, a
- * message naming the argument, its value and the rule it broke. */
+ * message naming the argument, its value and the rule it broke.
+ *
+ * Data pointers: each tensor's data (plus its offset) must be aligned to its element size (2
+ * bytes for 16-bit types, 4 for GK_FLOAT and GK_INT32, 8 for GK_INT64 and GK_DOUBLE);
+ * gkCreateTensor refuses one that is not. No further alignment is needed: the kernels load and
+ * store unaligned vectors, and give the same bytes at any element-aligned address (aligning
+ * large buffers to 64 bytes can still be faster). The workspace may start at any address. */
 #ifndef GRADKIT_BASE_H_
 #define GRADKIT_BASE_H_
 
@@ -17,14 +23,28 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gradkit/version.h" /* GRADKIT_VERSION_MAJOR, _MINOR, _PATCH: the headers' version */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#if defined(_WIN32)
+/* GK_API marks the exported functions. Windows: dllexport while gradkit is built
+ * (GRADKIT_BUILDING), dllimport for its users, nothing for a static library (GRADKIT_STATIC, set
+ * by gradkit::gradkit and gradkit.pc when the library is static). Elsewhere: default visibility,
+ * as libgradkit.so is built with hidden visibility and exports nothing else. */
+#if defined(_WIN32) || defined(__CYGWIN__)
+#if defined(GRADKIT_BUILDING)
 #define GK_API __declspec(dllexport)
+#elif defined(GRADKIT_STATIC)
+#define GK_API
 #else
+#define GK_API __declspec(dllimport)
+#endif
+#elif defined(__GNUC__) || defined(__clang__)
 #define GK_API __attribute__((visibility("default")))
+#else
+#define GK_API
 #endif
 
 /* Status codes, grouped by class as aclnn groups them. */

@@ -7,7 +7,9 @@
  * (isResult: x holds the forward's output instead of its input.) A NaN in x gives NaN.
  *
  * gradOutput and x: same dtype (GK_FLOAT, GK_FLOAT16, GK_BF16) and shape, rank <= 8, any strides.
- * gradInput: same shape; dtype equal to the input's, or GK_FLOAT. It may alias gradOutput exactly.
+ * gradInput: same shape; dtype equal to the input's, or GK_FLOAT. In place: it may be exactly
+ * the same view as gradOutput or as x (same data, offset, dtype and strides); any other overlap
+ * with them is refused.
  * 16-bit inputs are computed in float32 and rounded once, to nearest even.
  * isResult requires alpha >= 0. alpha, scale and inputScale must be finite in float32. */
 #ifndef GRADKIT_ELU_GRAD_V2_H_

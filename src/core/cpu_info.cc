@@ -5,6 +5,8 @@
 
 #include <mutex>
 
+#include "gradkit/base.h"  // gkGetVersion and gkGetCpuIsa: declared with GK_API (exported)
+
 namespace gk {
 namespace {
 std::mutex isa_mutex;

@@ -153,6 +153,15 @@ extern "C" gkTensor* gkCreateTensor(const int64_t* dims, uint64_t ndims, gkDataT
     gk::Fail(GK_ERROR_PARAM_INVALID, kApi, "offset is {}, it must be >= 0", offset);
     return nullptr;
   }
+  // Kernels read elements through typed pointers; vectors need no more than this (unaligned loads).
+  const int64_t element_bytes = gk::ElementBytes(static_cast<gk::DType>(dtype_value));
+  if (reinterpret_cast<uintptr_t>(data) % static_cast<uintptr_t>(element_bytes) != 0) {
+    gk::Fail(GK_ERROR_PARAM_INVALID, kApi,
+             "data {} is not aligned to {} bytes; a {} tensor's data must be a multiple of its "
+             "element size",
+             data, element_bytes, gk::DTypeName(static_cast<gk::DType>(dtype_value)));
+    return nullptr;
+  }
   auto* t = new gkTensor;
   t->dtype = static_cast<gk::DType>(dtype_value);
   t->ndims = static_cast<int32_t>(ndims);

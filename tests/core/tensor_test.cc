@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 namespace gk {
@@ -36,6 +37,29 @@ TEST(Tensor, CreateRejectsBadArguments) {
   EXPECT_EQ(gkCreateTensor(dims, 1, GK_FLOAT, nullptr, -3, nullptr), nullptr);
   const int64_t huge[3] = {int64_t{1} << 40, int64_t{1} << 40, 2};
   EXPECT_EQ(gkCreateTensor(huge, 3, GK_FLOAT, nullptr, 0, nullptr), nullptr);
+}
+
+// The API's one alignment rule (gradkit/base.h): data aligned to the element size.
+TEST(Tensor, CreateRequiresElementAlignedData) {
+  alignas(64) static uint8_t bytes[256];
+  const int64_t dims[1] = {8};
+  const struct {
+    gkDataType dtype;
+    int64_t element_bytes;
+  } types[] = {{GK_FLOAT, 4}, {GK_FLOAT16, 2}, {GK_BF16, 2}, {GK_INT32, 4}, {GK_INT64, 8},
+               {GK_DOUBLE, 8}};
+  for (const auto& [dtype, element_bytes] : types) {
+    for (int64_t shift = 0; shift < 16; ++shift) {
+      Owned t{gkCreateTensor(dims, 1, dtype, nullptr, 0, bytes + shift)};
+      const bool aligned = shift % element_bytes == 0;
+      EXPECT_EQ(t.t != nullptr, aligned) << dtype << " at +" << shift;
+      if (!aligned) {
+        const std::string message = gkGetRecentErrMsg();
+        EXPECT_NE(message.find("not aligned to " + std::to_string(element_bytes) + " bytes"),
+                  std::string::npos) << message;
+      }
+    }
+  }
 }
 
 TEST(Tensor, DetectsSelfOverlap) {

@@ -7,10 +7,10 @@ gkTensor* gkFuzzCreateTensor(const int64_t* dims, uint64_t ndims, int32_t dtype,
 
 gkStatus gkFuzzMoeGradGetWorkspaceSize(const gkTensor* gradY, const gkTensor* weight,
                                        const gkTensor* expandedRowIdx, const gkTensor* groupList,
-                                       int64_t batch, int64_t topK, int64_t rowIdxType,
+                                       int64_t batch, int64_t topK, int32_t rowIdxType,
                                        int32_t groupListType, gkTensor* gradX,
                                        uint64_t* workspaceSize, gkOpExecutor** executor) {
   return gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
-      gradY, weight, expandedRowIdx, groupList, batch, topK, rowIdxType,
+      gradY, weight, expandedRowIdx, groupList, batch, topK, (gkRowIdxType)rowIdxType,
       (gkGroupListType)groupListType, gradX, workspaceSize, executor);
 }

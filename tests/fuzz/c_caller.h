@@ -16,7 +16,7 @@ gkTensor* gkFuzzCreateTensor(const int64_t* dims, uint64_t ndims, int32_t dtype,
 
 gkStatus gkFuzzMoeGradGetWorkspaceSize(const gkTensor* gradY, const gkTensor* weight,
                                        const gkTensor* expandedRowIdx, const gkTensor* groupList,
-                                       int64_t batch, int64_t topK, int64_t rowIdxType,
+                                       int64_t batch, int64_t topK, int32_t rowIdxType,
                                        int32_t groupListType, gkTensor* gradX,
                                        uint64_t* workspaceSize, gkOpExecutor** executor);
 

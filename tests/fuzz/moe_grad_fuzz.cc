@@ -118,8 +118,8 @@ struct Call {
   std::vector<std::unique_ptr<GuardedBuffer>> buffers;
   GuardedBuffer dangling{0};
   View views[kRoles];
-  int64_t batch = 1, top_k = 1, row_idx_type = 0;
-  int32_t group_list_type = 0;
+  int64_t batch = 1, top_k = 1;
+  int32_t row_idx_type = 0, group_list_type = 0;  // the C enums: any int
   bool exact_values = true;
 };
 
@@ -189,7 +189,7 @@ GK_FUZZ_NO_COVERAGE bool MeetsContract(const Call& c, bool null_size, bool null_
   const View& dx = c.views[kGradX];
   if (dy.dtype != GK_FLOAT && dy.dtype != GK_FLOAT16 && dy.dtype != GK_BF16) return false;
   if (w.dtype != dy.dtype || (idx.dtype != GK_INT64 && idx.dtype != GK_INT32)) return false;
-  if (groups.dtype != GK_INT64 || dx.dtype != GK_FLOAT) return false;
+  if ((groups.dtype != GK_INT64 && groups.dtype != GK_INT32) || dx.dtype != GK_FLOAT) return false;
   if (c.batch <= 0 || c.top_k <= 0) return false;
   int64_t slots;
   if (__builtin_mul_overflow(c.batch, c.top_k, &slots)) return false;
@@ -467,7 +467,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t slots = call.batch * call.top_k;
   const int64_t m = in.Range(0, slots);
   const uint8_t types = in.U8();
-  call.row_idx_type = types < 240 ? (types & 1) : in.Pick(kIndexValues);
+  call.row_idx_type = types < 240 ? (types & 1) : static_cast<int32_t>(in.Pick(kIndexValues));
   call.group_list_type = types < 240 ? ((types >> 1) & 1) : static_cast<int32_t>(in.Pick(kIndexValues));
   const int64_t extra = call.row_idx_type == 0 ? in.Range(0, 2) : 0;
   Routing routing = MakeRouting(in, m, g, slots, call.row_idx_type, call.group_list_type, extra);

@@ -87,7 +87,8 @@ struct MoeJob {
     gkOpExecutor* raw = nullptr;
     uint64_t size = 0;
     EXPECT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
-                  dy_t.get(), w_t.get(), idx_t.get(), groups_t.get(), batch, top_k, row_idx_type,
+                  dy_t.get(), w_t.get(), idx_t.get(), groups_t.get(), batch, top_k,
+                  static_cast<gkRowIdxType>(row_idx_type),
                   GK_GROUP_LIST_COUNT, dx_t.get(), &size, &raw),
               GK_SUCCESS)
         << gkGetRecentErrMsg();

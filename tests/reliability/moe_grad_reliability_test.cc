@@ -23,7 +23,7 @@ constexpr int64_t kI64Min = std::numeric_limits<int64_t>::min();
 struct MoeProblem {
   int64_t batch = 3, top_k = 2, g = 2, k = 3, n = 4, m = 5;
   int64_t dx_rows = 3;  // gradX.shape[0], = batch unless a test breaks that
-  int64_t row_idx_type = 0;
+  int32_t row_idx_type = 0;  // the C enums: any int
   int32_t group_list_type = GK_GROUP_LIST_COUNT;
   std::vector<float> dy, w;
   std::vector<int64_t> row_idx{4, 0, 5, 2, 1};  // row i -> slot
@@ -104,11 +104,11 @@ TEST(MoeGradHostile, NullArguments) {
   gkOpExecutor* executor = nullptr;
   uint64_t size = 0;
   EXPECT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
-                t[0].get(), t[1].get(), t[2].get(), t[3].get(), p.batch, p.top_k, 0,
+                t[0].get(), t[1].get(), t[2].get(), t[3].get(), p.batch, p.top_k, GK_ROW_IDX_GATHER,
                 GK_GROUP_LIST_COUNT, t[4].get(), nullptr, &executor),
             GK_ERROR_NULLPTR);
   EXPECT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
-                t[0].get(), t[1].get(), t[2].get(), t[3].get(), p.batch, p.top_k, 0,
+                t[0].get(), t[1].get(), t[2].get(), t[3].get(), p.batch, p.top_k, GK_ROW_IDX_GATHER,
                 GK_GROUP_LIST_COUNT, t[4].get(), &size, nullptr),
             GK_ERROR_NULLPTR);
   EXPECT_TRUE(p.Refuses([&](Tensor* dy, Tensor*, Tensor*, Tensor*, Tensor*) {
@@ -147,7 +147,7 @@ TEST(MoeGradHostile, Attributes) {
     p.top_k = top_k;
     EXPECT_TRUE(p.Refuses()) << batch << " x " << top_k;
   }
-  for (int64_t row_idx_type : {int64_t{2}, int64_t{-1}, kI64Max, kI64Min}) {
+  for (int32_t row_idx_type : {2, -1, INT32_MAX, INT32_MIN}) {
     MoeProblem p;
     p.row_idx_type = row_idx_type;
     EXPECT_TRUE(p.Refuses()) << row_idx_type;

@@ -71,7 +71,7 @@ MoeGradRun RunMoeGradOp(const void* dy, const std::vector<int64_t>& dy_shape, co
   TensorHandle dx_t = MakeTensor({std::max<int64_t>(batch, 0), k}, DType::kF32, run.grad_x.data());
   gkOpExecutor* raw = nullptr;
   ThrowIfFailed(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
-      dy_t.get(), w_t.get(), idx_t.get(), groups_t.get(), batch, top_k, row_idx_type,
+      dy_t.get(), w_t.get(), idx_t.get(), groups_t.get(), batch, top_k, static_cast<gkRowIdxType>(row_idx_type),
       group_list_type, dx_t.get(), &run.workspace_bytes, &raw));
   ExecutorHandle executor(raw);
   std::vector<uint8_t> workspace(run.workspace_bytes);

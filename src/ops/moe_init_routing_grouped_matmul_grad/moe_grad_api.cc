@@ -180,19 +180,21 @@ class MoeGradExecutor final : public gkOpExecutor {
 
 extern "C" gkStatus gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
     const gkTensor* gradY, const gkTensor* weight, const gkTensor* expandedRowIdx,
-    const gkTensor* groupList, int64_t batch, int64_t topK, int64_t rowIdxType,
+    const gkTensor* groupList, int64_t batch, int64_t topK, gkRowIdxType rowIdxType,
     gkGroupListType groupListType, gkTensor* gradX, uint64_t* workspaceSize,
     gkOpExecutor** executor) {
   using namespace gk;
   if (executor != nullptr) *executor = nullptr;
   GK_RETURN_IF_ERROR(CheckNotNull(kPhase1, workspaceSize, "workspaceSize"));
   GK_RETURN_IF_ERROR(CheckNotNull(kPhase1, executor, "executor"));
-  // A C caller may pass any int: read the enum's bits, not its value (loading an enum outside
+  // A C caller may pass any int: read the enums' bits, not their values (loading an enum outside
   // its range is undefined in C++); the checks then name the bad value.
-  int32_t group_list_type;
+  int32_t row_idx_type, group_list_type;
+  static_assert(sizeof row_idx_type == sizeof rowIdxType);
   static_assert(sizeof group_list_type == sizeof groupListType);
+  std::memcpy(&row_idx_type, &rowIdxType, sizeof row_idx_type);
   std::memcpy(&group_list_type, &groupListType, sizeof group_list_type);
-  const MoeGradArgs args{gradY, weight, expandedRowIdx, groupList, batch, topK, rowIdxType,
+  const MoeGradArgs args{gradY, weight, expandedRowIdx, groupList, batch, topK, row_idx_type,
                          group_list_type, gradX};
   try {
     MoeGradShape shape{};

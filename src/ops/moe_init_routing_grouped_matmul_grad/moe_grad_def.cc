@@ -27,8 +27,8 @@ gkStatus CheckAttributes(std::string_view api, const MoeGradArgs& a) {
   }
   if (a.row_idx_type != 0 && a.row_idx_type != 1) {
     return Fail(GK_ERROR_PARAM_INVALID, api,
-                "rowIdxType is {}, it must be 0 (gather: expanded -> original) or 1 (scatter: "
-                "original -> expanded)",
+                "rowIdxType is {}, it must be GK_ROW_IDX_GATHER (0: expanded -> original) or "
+                "GK_ROW_IDX_SCATTER (1: original -> expanded)",
                 a.row_idx_type);
   }
   if (a.group_list_type != GK_GROUP_LIST_COUNT && a.group_list_type != GK_GROUP_LIST_CUMSUM) {
@@ -114,10 +114,10 @@ gkStatus CheckMoeGrad(std::string_view api, const MoeGradArgs& a, MoeGradShape* 
   GK_RETURN_IF_ERROR(CheckDTypeIn(api, dy, "gradY", {DType::kF32, DType::kF16, DType::kBF16}));
   GK_RETURN_IF_ERROR(CheckSameDType(api, w, "weight", dy, "gradY"));
   GK_RETURN_IF_ERROR(CheckDTypeIn(api, idx, "expandedRowIdx", {DType::kI64, DType::kI32}));
-  GK_RETURN_IF_ERROR(CheckDTypeIn(api, groups, "groupList", {DType::kI64}));
+  GK_RETURN_IF_ERROR(CheckDTypeIn(api, groups, "groupList", {DType::kI64, DType::kI32}));
   GK_RETURN_IF_ERROR(CheckDTypeIn(api, dx, "gradX", {kMoeGradOutputDType}));
   static_assert(std::size(kMoeGradFloatDTypes) == 3 && std::size(kMoeGradRowIdxDTypes) == 2 &&
-                std::size(kMoeGradGroupListDTypes) == 1,
+                std::size(kMoeGradGroupListDTypes) == 2,
                 "keep the check lists above in step with the tables in moe_grad_def.h");
 
   GK_RETURN_IF_ERROR(CheckAttributes(api, a));

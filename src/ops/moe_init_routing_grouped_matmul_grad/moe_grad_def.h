@@ -16,7 +16,7 @@ inline constexpr int64_t kMoeGradMaxDim = (int64_t{1} << 31) - 1;  // G, K, N
 inline constexpr std::string_view kMoeGradName = "MoeInitRoutingGroupedMatmulGrad";
 
 // How expandedRowIdx maps rows (see the public header).
-enum class RowIdxType : int32_t { kGather = 0, kScatter = 1 };
+enum class RowIdxType : int32_t { kGather = GK_ROW_IDX_GATHER, kScatter = GK_ROW_IDX_SCATTER };
 enum class GroupListType : int32_t { kCount = GK_GROUP_LIST_COUNT, kCumsum = GK_GROUP_LIST_CUMSUM };
 std::string_view RowIdxTypeName(RowIdxType type);        // "gather" | "scatter"
 std::string_view GroupListTypeName(GroupListType type);  // "count" | "cumsum"
@@ -36,7 +36,7 @@ struct MoeGradArgs {
 // Supported dtypes, as tables: gradY and weight share one of the float dtypes.
 inline constexpr DType kMoeGradFloatDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 inline constexpr DType kMoeGradRowIdxDTypes[] = {DType::kI64, DType::kI32};
-inline constexpr DType kMoeGradGroupListDTypes[] = {DType::kI64};
+inline constexpr DType kMoeGradGroupListDTypes[] = {DType::kI64, DType::kI32};
 inline constexpr DType kMoeGradOutputDType = DType::kF32;
 
 // Everything the plan and the kernels need from the arguments, once they passed the checks.

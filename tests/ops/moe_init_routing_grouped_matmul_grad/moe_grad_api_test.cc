@@ -163,6 +163,86 @@ TEST(moe_grad_api, BitIdenticalAcrossRunsAndThreadCounts) {
   }
 }
 
+// int32 index lists (what int32 routing code hands over) give the bytes of int64 ones.
+TEST(moe_grad_api, Int32IndexListsGiveTheInt64Bytes) {
+  const MoeCase c{"int32_lists", 40, 2, 5, 96 + 7, 40 + 3, 0.8};
+  const MoeInputs in = MakeMoeInputs(c, DType::kF32, MoeValues::kRandom);
+  for (const Variant& v : kVariants) {
+    SCOPED_TRACE(::testing::Message() << "rowIdxType " << v.row_idx_type << " groupListType "
+                                      << v.group_list_type);
+    const auto wide = RunMoeGrad(in, {v.row_idx_type, v.group_list_type});
+    for (DType idx_dtype : {DType::kI64, DType::kI32}) {
+      MoeRunOptions o{v.row_idx_type, v.group_list_type};
+      o.index_dtype = idx_dtype;
+      o.group_list_dtype = DType::kI32;
+      const auto narrow = RunMoeGrad(in, o);
+      EXPECT_EQ(std::memcmp(wide.data(), narrow.data(), wide.size() * sizeof(float)), 0);
+    }
+    EXPECT_TRUE(MatchesReference(in, wide, false));
+  }
+}
+
+// gradkit/base.h asks only for element-aligned data: every tensor placed one element past a
+// 64-byte boundary (aligned to no vector width) gives the bytes of 64-byte-aligned ones.
+TEST(moe_grad_api, ElementAlignedPointersGiveTheAlignedBytes) {
+  const MoeCase c{"unaligned", 37, 2, 3, 128 + 5, 64 + 3, 0.9};
+  struct Placed {  // a copy of `bytes` at `shift` bytes past a 64-byte boundary
+    std::vector<uint8_t> arena;
+    uint8_t* data;
+    Placed(const void* src, size_t bytes, size_t shift) : arena(bytes + 128) {
+      const auto base = reinterpret_cast<uintptr_t>(arena.data());
+      data = arena.data() + (64 - base % 64) % 64 + shift;
+      std::memcpy(data, src, bytes);
+    }
+  };
+  for (DType dtype : kDTypes) {
+    const MoeInputs in = MakeMoeInputs(c, dtype, MoeValues::kRandom);
+    const int64_t m = in.routing.m;
+    for (int64_t row_idx_type : {0, 1}) {
+      const auto& idx = row_idx_type == 1 ? in.routing.scatter_idx : in.routing.gather_idx;
+      std::vector<uint8_t> results[2];
+      for (size_t misaligned : {0, 1}) {
+        SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " rowIdxType " << row_idx_type
+                                          << (misaligned ? " element-aligned" : " 64-aligned"));
+        const size_t esize = static_cast<size_t>(ElementBytes(dtype));
+        Placed dy(in.dy.data(), in.dy.size(), misaligned * esize);
+        Placed w(in.w.data(), in.w.size(), misaligned * esize);
+        Placed idx_p(idx.data(), idx.size() * 8, misaligned * 8);
+        Placed groups(in.routing.group_counts.data(), in.routing.group_counts.size() * 8,
+                      misaligned * 8);
+        const size_t dx_bytes = static_cast<size_t>(c.batch * c.k) * sizeof(float);
+        const std::vector<uint8_t> nan_fill(dx_bytes, 0xFF);
+        Placed dx(nan_fill.data(), dx_bytes, misaligned * sizeof(float));
+        TensorGuard dy_t({m, c.n}, dtype, dy.data), w_t({c.g, c.k, c.n}, dtype, w.data);
+        TensorGuard idx_t({static_cast<int64_t>(idx.size())}, DType::kI64, idx_p.data);
+        TensorGuard groups_t({c.g}, DType::kI64, groups.data);
+        TensorGuard dx_t({c.batch, c.k}, DType::kF32, dx.data);
+        uint64_t size = 0;
+        gkOpExecutor* executor = nullptr;
+        ASSERT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
+                      dy_t.t, w_t.t, idx_t.t, groups_t.t, c.batch, c.top_k,
+                      static_cast<gkRowIdxType>(row_idx_type), GK_GROUP_LIST_COUNT, dx_t.t,
+                      &size, &executor),
+                  GK_SUCCESS)
+            << gkGetRecentErrMsg();
+        // The workspace too, one byte past a 64-byte boundary: gradkit aligns it itself.
+        std::vector<uint8_t> workspace_arena(size + 65);
+        const auto base = reinterpret_cast<uintptr_t>(workspace_arena.data());
+        uint8_t* workspace = workspace_arena.data() + (64 - base % 64) % 64 + misaligned;
+        ASSERT_EQ(gkMoeInitRoutingGroupedMatmulGrad(workspace, size, executor, nullptr),
+                  GK_SUCCESS)
+            << gkGetRecentErrMsg();
+        gkDestroyExecutor(executor);
+        results[misaligned].assign(dx.data, dx.data + dx_bytes);
+        std::vector<float> values(static_cast<size_t>(c.batch * c.k));
+        std::memcpy(values.data(), dx.data, dx_bytes);
+        EXPECT_TRUE(MatchesReference(in, values, false));
+      }
+      EXPECT_EQ(results[0], results[1]);
+    }
+  }
+}
+
 // A repeatable executor runs again on changed data (same shapes) and gives the new answer.
 TEST(moe_grad_api, RepeatableExecutorSeesNewData) {
   const MoeCase c{"repeat", 50, 2, 4, 64, 32};
@@ -176,7 +256,7 @@ TEST(moe_grad_api, RepeatableExecutorSeesNewData) {
   uint64_t size = 0;
   gkOpExecutor* executor = nullptr;
   ASSERT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
-                dy_t.t, w_t.t, idx_t.t, groups_t.t, c.batch, c.top_k, 0, GK_GROUP_LIST_COUNT,
+                dy_t.t, w_t.t, idx_t.t, groups_t.t, c.batch, c.top_k, GK_ROW_IDX_GATHER, GK_GROUP_LIST_COUNT,
                 dx_t.t, &size, &executor),
             GK_SUCCESS);
   ASSERT_EQ(gkSetExecutorRepeatable(executor), GK_SUCCESS);

@@ -74,7 +74,7 @@ Outcome Plan(Problem& p) {
   gkOpExecutor* executor = nullptr;
   Outcome out;
   out.status = gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
-      dy, w, idx, groups, p.batch, p.top_k, p.row_idx_type,
+      dy, w, idx, groups, p.batch, p.top_k, static_cast<gkRowIdxType>(p.row_idx_type),
       static_cast<gkGroupListType>(p.group_list_type), dx, &size, &executor);
   out.message = gkGetRecentErrMsg();
   if (out.status == GK_SUCCESS) {
@@ -118,12 +118,12 @@ TEST(moe_grad_def, NullPointers) {
   gkTensor* t = gkCreateTensor(p.dy_dims.data(), 2, GK_FLOAT, nullptr, 0, p.dy.data());
   uint64_t size = 0;
   gkOpExecutor* executor = nullptr;
-  EXPECT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(t, t, t, t, 1, 1, 0,
+  EXPECT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(t, t, t, t, 1, 1, GK_ROW_IDX_GATHER,
                                                               GK_GROUP_LIST_COUNT, t, nullptr,
                                                               &executor),
             GK_ERROR_NULLPTR);
   EXPECT_NE(std::string(gkGetRecentErrMsg()).find("workspaceSize is NULL"), std::string::npos);
-  EXPECT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(t, t, t, t, 1, 1, 0,
+  EXPECT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(t, t, t, t, 1, 1, GK_ROW_IDX_GATHER,
                                                               GK_GROUP_LIST_COUNT, t, &size,
                                                               nullptr),
             GK_ERROR_NULLPTR);
@@ -132,7 +132,7 @@ TEST(moe_grad_def, NullPointers) {
     gkTensor* args[5] = {t, t, t, t, t};
     args[which] = nullptr;
     EXPECT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
-                  args[0], args[1], args[2], args[3], 1, 1, 0, GK_GROUP_LIST_COUNT, args[4],
+                  args[0], args[1], args[2], args[3], 1, 1, GK_ROW_IDX_GATHER, GK_GROUP_LIST_COUNT, args[4],
                   &size, &executor),
               GK_ERROR_NULLPTR);
     EXPECT_NE(std::string(gkGetRecentErrMsg()).find(std::string(names[which]) + " is NULL"),
@@ -157,8 +157,8 @@ TEST(moe_grad_def, DTypes) {
   p.idx_dtype = DType::kF32;
   ExpectRejected(p, {"expandedRowIdx has dtype float32", "int64, int32"});
   p = Problem();
-  p.groups_dtype = DType::kI32;
-  ExpectRejected(p, {"groupList has dtype int32", "supported: int64"});
+  p.groups_dtype = DType::kF32;
+  ExpectRejected(p, {"groupList has dtype float32", "supported: int64, int32"});
   p = Problem();
   p.dx_dtype = DType::kBF16;
   ExpectRejected(p, {"gradX has dtype bfloat16", "supported: float32"});
@@ -177,7 +177,7 @@ TEST(moe_grad_def, Attributes) {
   ExpectRejected(p, {"overflows int64"});
   p = Problem();
   p.row_idx_type = 2;
-  ExpectRejected(p, {"rowIdxType is 2", "0 (gather", "1 (scatter"});
+  ExpectRejected(p, {"rowIdxType is 2", "GK_ROW_IDX_GATHER (0", "GK_ROW_IDX_SCATTER (1"});
   p = Problem();
   p.group_list_type = 7;
   ExpectRejected(p, {"groupListType is 7", "GK_GROUP_LIST_COUNT (0)", "GK_GROUP_LIST_CUMSUM (1)"});
@@ -318,7 +318,7 @@ TEST(moe_grad_def, PhaseTwoChecks) {
       dx({6, 8}, DType::kF32, p.dx.data());
   uint64_t size = 0;
   gkOpExecutor* executor = nullptr;
-  ASSERT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(dy.t, w.t, idx.t, groups.t, 6, 2, 0,
+  ASSERT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(dy.t, w.t, idx.t, groups.t, 6, 2, GK_ROW_IDX_GATHER,
                                                               GK_GROUP_LIST_COUNT, dx.t, &size,
                                                               &executor),
             GK_SUCCESS);
@@ -352,7 +352,7 @@ TEST(moe_grad_def, PhaseTwoChecks) {
   gkDestroyExecutor(executor);
 
   // Without gkSetExecutorRepeatable an executor runs once.
-  ASSERT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(dy.t, w.t, idx.t, groups.t, 6, 2, 0,
+  ASSERT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(dy.t, w.t, idx.t, groups.t, 6, 2, GK_ROW_IDX_GATHER,
                                                               GK_GROUP_LIST_COUNT, dx.t, &size,
                                                               &executor),
             GK_SUCCESS);

@@ -73,7 +73,8 @@ inline MoeInputs MakeMoeInputs(const MoeCase& c, DType dtype, MoeValues kind) {
 struct MoeRunOptions {
   int64_t row_idx_type = 0;
   gkGroupListType group_list_type = GK_GROUP_LIST_COUNT;
-  DType index_dtype = DType::kI64;
+  DType index_dtype = DType::kI64;       // expandedRowIdx
+  DType group_list_dtype = DType::kI64;
   int64_t extra_gather_entries = 0;  // rowIdxType 0: junk entries past M (ignored by the op)
   int32_t threads = 0;               // 0: the configured default
 };
@@ -116,19 +117,22 @@ inline std::vector<float> RunMoeGrad(const MoeInputs& in, const MoeRunOptions& o
   const int64_t m = in.routing.m;
   const auto idx_values = ExpandedRowIdx(in, o);
   const auto idx = IndexBytes(idx_values, o.index_dtype);
-  const auto& groups = o.group_list_type == GK_GROUP_LIST_CUMSUM ? in.routing.group_cumsum
-                                                                 : in.routing.group_counts;
+  const auto groups = IndexBytes(o.group_list_type == GK_GROUP_LIST_CUMSUM
+                                     ? in.routing.group_cumsum
+                                     : in.routing.group_counts,
+                                 o.group_list_dtype);
   std::vector<float> dx(static_cast<size_t>(c.batch * c.k), std::nanf(""));
   TensorGuard dy_t({m, c.n}, in.dtype, in.dy.data());
   TensorGuard w_t({c.g, c.k, c.n}, in.dtype, in.w.data());
   TensorGuard idx_t({static_cast<int64_t>(idx_values.size())}, o.index_dtype, idx.data());
-  TensorGuard groups_t({c.g}, DType::kI64, groups.data());
+  TensorGuard groups_t({c.g}, o.group_list_dtype, groups.data());
   TensorGuard dx_t({c.batch, c.k}, DType::kF32, dx.data());
   EXPECT_EQ(gkSetNumThreads(o.threads), GK_SUCCESS);
   uint64_t workspace_size = 0;
   gkOpExecutor* executor = nullptr;
   const gkStatus planned = gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
-      dy_t.t, w_t.t, idx_t.t, groups_t.t, c.batch, c.top_k, o.row_idx_type, o.group_list_type,
+      dy_t.t, w_t.t, idx_t.t, groups_t.t, c.batch, c.top_k,
+      static_cast<gkRowIdxType>(o.row_idx_type), o.group_list_type,
       dx_t.t, &workspace_size, &executor);
   EXPECT_EQ(planned, GK_SUCCESS) << gkGetRecentErrMsg();
   if (planned == GK_SUCCESS) {
