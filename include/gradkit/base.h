@@ -8,6 +8,16 @@
  * The executor belongs to the caller: release it with gkDestroyExecutor. By default it runs once;
  * gkSetExecutorRepeatable lets it run again on the same tensors (their data may change).
  *
+ * Threads: every function may be called from any thread. An executor is used by one thread at a
+ * time (phase 2, gkSetExecutorRepeatable and gkDestroyExecutor on the same executor must not
+ * overlap); different executors may run at the same time from different threads, each with its
+ * own workspace. Using an executor after gkDestroyExecutor is refused (GK_ERROR_PARAM_INVALID)
+ * while no new executor has been given the same address; past that it is undefined, as for any
+ * freed handle.
+ *
+ * No C++ exception leaves a gradkit function: a failed allocation is GK_ERROR_RUNTIME ("out of
+ * memory ..."), anything else unexpected GK_ERROR_INTERNAL, both with a message.
+ *
  * Errors return a status code by class; gkGetRecentErrMsg() returns, for the calling thread, a
  * message naming the argument, its value and the rule it broke.
  *
@@ -89,7 +99,14 @@ GK_API gkStatus gkSetExecutorRepeatable(gkOpExecutor* executor);
 GK_API const char* gkGetRecentErrMsg(void);
 
 /* Threads used by operators planned after this call. 0 restores the default: the environment
- * variable GRADKIT_NUM_THREADS if set, else the number of online cores. */
+ * variable GRADKIT_NUM_THREADS if set, else the cores this process may run on (its CPU affinity
+ * mask, as set by taskset or a cpuset, bounded by its cgroup v2 CPU quota, cpu.max, rounded up).
+ * Parallel work runs on OpenMP, shared with oneDNN; each calling thread gets its own team, and
+ * workers compute in the caller's floating-point mode (flush-to-zero, denormals-are-zero,
+ * rounding). Results are the same bytes for any thread count. A call from inside an active
+ * OpenMP parallel region runs on the calling thread. In a child forked after gradkit ran work on
+ * several threads, every operator runs on the child's calling thread and gkGetNumThreads()
+ * returns 1 (OpenMP's workers do not survive fork). */
 GK_API gkStatus gkSetNumThreads(int32_t numThreads);
 GK_API int32_t gkGetNumThreads(void);
 

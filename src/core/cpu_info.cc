@@ -5,6 +5,7 @@
 
 #include <mutex>
 
+#include "core/c_api_guard.h"
 #include "gradkit/base.h"  // gkGetVersion and gkGetCpuIsa: declared with GK_API (exported)
 
 namespace gk {
@@ -67,7 +68,9 @@ bool SelectIsa(const std::string& name) {
 extern "C" const char* gkGetVersion(void) { return GRADKIT_VERSION; }
 
 extern "C" const char* gkGetCpuIsa(void) {
-  thread_local std::string isa;
-  isa = gk::ChosenIsa();
-  return isa.c_str();
+  return gk::GuardCApi("gkGetCpuIsa", "unknown", [] {
+    thread_local std::string isa;
+    isa = gk::ChosenIsa();
+    return isa.c_str();
+  });
 }

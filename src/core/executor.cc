@@ -1,9 +1,45 @@
 #include "core/executor.h"
 
-#include <exception>
-#include <new>
+#include <mutex>
+#include <unordered_set>
 
+#include "core/c_api_guard.h"
 #include "core/error.h"
+
+namespace {
+
+// The live executors. A lookup costs one uncontended lock per phase 2 call, nothing next to a
+// run; it keeps a destroyed executor from being read (or deleted twice).
+class ExecutorRegistry {
+ public:
+  void Add(const gkOpExecutor* executor) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_.insert(executor);
+  }
+  void Remove(const gkOpExecutor* executor) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_.erase(executor);
+  }
+  bool Contains(const gkOpExecutor* executor) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return live_.count(executor) != 0;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_set<const gkOpExecutor*> live_;
+};
+
+// Never destroyed: executors may outlive static destruction (a caller's own static objects).
+ExecutorRegistry& Registry() {
+  static auto* registry = new ExecutorRegistry;
+  return *registry;
+}
+
+}  // namespace
+
+gkOpExecutor::gkOpExecutor() { Registry().Add(this); }
+gkOpExecutor::~gkOpExecutor() { Registry().Remove(this); }
 
 namespace gk {
 
@@ -12,8 +48,10 @@ gkStatus RunExecutor(std::string_view api, std::string_view op_name, void* works
   if (executor == nullptr) {
     return Fail(GK_ERROR_NULLPTR, api, "executor is NULL; get one from {}GetWorkspaceSize", api);
   }
-  if (executor->magic != gkOpExecutor::kMagic) {
-    return Fail(GK_ERROR_PARAM_INVALID, api, "executor is not a live gradkit executor");
+  if (!Registry().Contains(executor)) {
+    return Fail(GK_ERROR_PARAM_INVALID, api,
+                "executor is not a live gradkit executor (destroyed, or never returned by a "
+                "GetWorkspaceSize call)");
   }
   if (executor->op_name() != op_name) {
     return Fail(GK_ERROR_PARAM_INVALID, api, "executor was planned for {}, not {}",
@@ -31,14 +69,7 @@ gkStatus RunExecutor(std::string_view api, std::string_view op_name, void* works
   if (needed > 0 && workspace == nullptr) {
     return Fail(GK_ERROR_NULLPTR, api, "workspace is NULL, the plan needs {} bytes", needed);
   }
-  gkStatus status;
-  try {
-    status = executor->Run(workspace);
-  } catch (const std::bad_alloc&) {
-    return Fail(GK_ERROR_RUNTIME, api, "out of memory");
-  } catch (const std::exception& e) {
-    return Fail(GK_ERROR_INTERNAL, api, "internal error: {}", e.what());
-  }
+  const gkStatus status = executor->Run(workspace);
   executor->has_run = true;
   if (status == GK_SUCCESS) ClearRecentError();
   return status;
@@ -47,24 +78,27 @@ gkStatus RunExecutor(std::string_view api, std::string_view op_name, void* works
 }  // namespace gk
 
 extern "C" gkStatus gkDestroyExecutor(gkOpExecutor* executor) {
-  if (executor == nullptr) return GK_SUCCESS;
-  if (executor->magic != gkOpExecutor::kMagic) {
-    return gk::Fail(GK_ERROR_PARAM_INVALID, "gkDestroyExecutor",
-                    "executor is not a live gradkit executor");
-  }
-  executor->magic = 0;
-  delete executor;
-  return GK_SUCCESS;
+  constexpr std::string_view kApi = "gkDestroyExecutor";
+  return gk::GuardCApi(kApi, [&] {
+    if (executor == nullptr) return GK_SUCCESS;
+    if (!Registry().Contains(executor)) {
+      return gk::Fail(GK_ERROR_PARAM_INVALID, kApi,
+                      "executor is not a live gradkit executor (destroyed already, or never "
+                      "returned by a GetWorkspaceSize call)");
+    }
+    delete executor;
+    return GK_SUCCESS;
+  });
 }
 
 extern "C" gkStatus gkSetExecutorRepeatable(gkOpExecutor* executor) {
-  if (executor == nullptr) {
-    return gk::Fail(GK_ERROR_NULLPTR, "gkSetExecutorRepeatable", "executor is NULL");
-  }
-  if (executor->magic != gkOpExecutor::kMagic) {
-    return gk::Fail(GK_ERROR_PARAM_INVALID, "gkSetExecutorRepeatable",
-                    "executor is not a live gradkit executor");
-  }
-  executor->repeatable = true;
-  return GK_SUCCESS;
+  constexpr std::string_view kApi = "gkSetExecutorRepeatable";
+  return gk::GuardCApi(kApi, [&] {
+    if (executor == nullptr) return gk::Fail(GK_ERROR_NULLPTR, kApi, "executor is NULL");
+    if (!Registry().Contains(executor)) {
+      return gk::Fail(GK_ERROR_PARAM_INVALID, kApi, "executor is not a live gradkit executor");
+    }
+    executor->repeatable = true;
+    return GK_SUCCESS;
+  });
 }

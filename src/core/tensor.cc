@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/c_api_guard.h"
 #include "core/error.h"
 
 namespace gk {
@@ -128,9 +129,13 @@ void StridedCursor::Next() {
 
 }  // namespace gk
 
-extern "C" gkTensor* gkCreateTensor(const int64_t* dims, uint64_t ndims, gkDataType dtype,
-                                    const int64_t* strides, int64_t offset, void* data) {
-  constexpr std::string_view kApi = "gkCreateTensor";
+namespace {
+
+constexpr std::string_view kCreateTensor = "gkCreateTensor";
+
+gkTensor* CreateTensor(const int64_t* dims, uint64_t ndims, gkDataType dtype,
+                       const int64_t* strides, int64_t offset, void* data) {
+  constexpr std::string_view kApi = kCreateTensor;
   if (ndims > GK_MAX_DESCRIPTOR_DIMS) {
     gk::Fail(GK_ERROR_PARAM_INVALID, kApi, "ndims is {}, a descriptor holds at most {} dims",
              ndims, GK_MAX_DESCRIPTOR_DIMS);
@@ -192,13 +197,23 @@ extern "C" gkTensor* gkCreateTensor(const int64_t* dims, uint64_t ndims, gkDataT
   return t;
 }
 
+}  // namespace
+
+extern "C" gkTensor* gkCreateTensor(const int64_t* dims, uint64_t ndims, gkDataType dtype,
+                                    const int64_t* strides, int64_t offset, void* data) {
+  return gk::GuardCApi(kCreateTensor, static_cast<gkTensor*>(nullptr),
+                       [&] { return CreateTensor(dims, ndims, dtype, strides, offset, data); });
+}
+
 extern "C" gkStatus gkDestroyTensor(const gkTensor* tensor) {
-  if (tensor == nullptr) return GK_SUCCESS;
-  if (tensor->magic != gkTensor::kMagic) {
-    return gk::Fail(GK_ERROR_PARAM_INVALID, "gkDestroyTensor",
-                    "tensor is not a live descriptor from gkCreateTensor");
-  }
-  const_cast<gkTensor*>(tensor)->magic = 0;
-  delete tensor;
-  return GK_SUCCESS;
+  return gk::GuardCApi("gkDestroyTensor", [&] {
+    if (tensor == nullptr) return GK_SUCCESS;
+    if (tensor->magic != gkTensor::kMagic) {
+      return gk::Fail(GK_ERROR_PARAM_INVALID, "gkDestroyTensor",
+                      "tensor is not a live descriptor from gkCreateTensor");
+    }
+    const_cast<gkTensor*>(tensor)->magic = 0;
+    delete tensor;
+    return GK_SUCCESS;
+  });
 }

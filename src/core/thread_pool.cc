@@ -1,111 +1,245 @@
 #include "core/thread_pool.h"
 
+#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
-#include <condition_variable>
+#include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <mutex>
-#include <thread>
+#include <string>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
+#include "core/c_api_guard.h"
 #include "core/error.h"
 
 namespace gk {
 namespace {
 
+constexpr int32_t kMaxThreads = 1024;
+
 std::atomic<int32_t> requested_threads{0};
 
-int32_t DefaultThreads() {
-  if (const char* env = std::getenv("GRADKIT_NUM_THREADS")) {
-    char* end = nullptr;
-    const long value = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && value > 0 && value <= 1024) return static_cast<int32_t>(value);
+// ---- fork ---------------------------------------------------------------------------------------
+// libgomp keeps its workers across regions; fork copies only the calling thread, and the child's
+// next region would wait at a barrier for workers that do not exist. So once a team has run, a
+// child runs everything on its calling thread (PyTorch does the same for its OpenMP backend).
+std::atomic<bool> team_started{false};
+std::atomic<bool> forked_after_team{false};
+
+void OnForkInChild() {
+  if (team_started.load(std::memory_order_relaxed)) {
+    forked_after_team.store(true, std::memory_order_relaxed);
   }
-  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  return cores > 0 ? static_cast<int32_t>(cores) : 1;
 }
 
-class ThreadPool {
- public:
-  ~ThreadPool() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    for (auto& worker : workers_) worker.join();
-  }
+// Registered before the first team starts, so no fork can come between the two unseen.
+void RegisterForkHandlerOnce() {
+  static const int registered = pthread_atfork(nullptr, nullptr, OnForkInChild);
+  (void)registered;
+}
 
-  // Returns false (running nothing) when another caller holds the pool.
-  bool TryRun(int32_t threads, int64_t num_tasks, const std::function<void(int64_t)>& task) {
-    std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
-    if (!busy.owns_lock()) return false;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      while (static_cast<int32_t>(workers_.size()) < threads - 1) {
-        workers_.emplace_back([this, id = workers_.size()] { WorkerLoop(id); });
-      }
-      task_ = &task;
-      num_tasks_ = num_tasks;
-      next_task_.store(0);
-      active_workers_ = threads - 1;
-      pending_workers_ = threads - 1;
-      ++generation_;
-    }
-    wake_.notify_all();
-    Drain();
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [this] { return pending_workers_ == 0; });
-    task_ = nullptr;
-    return true;
+// ---- floating-point mode --------------------------------------------------------------------------
+// A worker computes in the caller's mode: flush-to-zero, denormals-are-zero and rounding decide
+// the bits of every result with subnormals, and the library's workers were created by whichever
+// thread first ran a region, in whatever mode that thread had.
+class FloatMode {
+ public:
+  static FloatMode OfThisThread() {
+    FloatMode mode;
+#if defined(__x86_64__) || defined(__i386__)
+    mode.bits_ = _mm_getcsr() & ~kMxcsrFlags;
+#elif defined(__aarch64__)
+    __asm__ volatile("mrs %0, fpcr" : "=r"(mode.bits_));
+#endif
+    return mode;
+  }
+  // Sets this thread's mode, keeping its sticky exception flags.
+  void Apply() const {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_setcsr((_mm_getcsr() & kMxcsrFlags) | static_cast<unsigned>(bits_));
+#elif defined(__aarch64__)
+    __asm__ volatile("msr fpcr, %0" : : "r"(bits_));
+#endif
+  }
+  bool operator==(const FloatMode&) const = default;
+
+ private:
+#if defined(__x86_64__) || defined(__i386__)
+  static constexpr unsigned kMxcsrFlags = 0x3F;  // the exception flags, bits 0-5
+#endif
+  uint64_t bits_ = 0;
+};
+
+// Applies the caller's mode for a scope and restores the worker's own after it, so a worker
+// shared with oneDNN or the application leaves each region as it entered.
+class ScopedFloatMode {
+ public:
+  explicit ScopedFloatMode(const FloatMode& wanted) : saved_(FloatMode::OfThisThread()) {
+    changed_ = !(saved_ == wanted);
+    if (changed_) wanted.Apply();
+  }
+  ~ScopedFloatMode() {
+    if (changed_) saved_.Apply();
+  }
+  ScopedFloatMode(const ScopedFloatMode&) = delete;
+  ScopedFloatMode& operator=(const ScopedFloatMode&) = delete;
+
+ private:
+  FloatMode saved_;
+  bool changed_;
+};
+
+// ---- exceptions -----------------------------------------------------------------------------------
+// An exception must not leave an OpenMP region (std::terminate): each task is caught where it
+// runs, the first exception kept, and the rest of the tasks not started.
+class FirstException {
+ public:
+  void Capture() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_) error_ = std::current_exception();
+    failed_.store(true, std::memory_order_relaxed);
+  }
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  void RethrowIfAny() const {
+    if (error_) std::rethrow_exception(error_);
   }
 
  private:
-  void Drain() {
-    for (int64_t i = next_task_.fetch_add(1); i < num_tasks_; i = next_task_.fetch_add(1)) {
-      (*task_)(i);
-    }
-  }
-
-  void WorkerLoop(size_t id) {
-    uint64_t seen = 0;
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-      if (stopping_) return;
-      seen = generation_;
-      if (static_cast<int64_t>(id) >= active_workers_) continue;
-      lock.unlock();
-      Drain();
-      lock.lock();
-      if (--pending_workers_ == 0) done_.notify_one();
-    }
-  }
-
-  std::mutex busy_;
   std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable done_;
-  std::vector<std::thread> workers_;
-  const std::function<void(int64_t)>* task_ = nullptr;
-  int64_t num_tasks_ = 0;
-  std::atomic<int64_t> next_task_{0};
-  int64_t active_workers_ = 0;
-  int64_t pending_workers_ = 0;
-  uint64_t generation_ = 0;
-  bool stopping_ = false;
+  std::exception_ptr error_;
+  std::atomic<bool> failed_{false};
 };
 
-ThreadPool& Pool() {
-  static ThreadPool pool;
-  return pool;
+// ---- the default thread count -------------------------------------------------------------------
+std::optional<int32_t> EnvThreads() {
+  const char* env = std::getenv("GRADKIT_NUM_THREADS");
+  if (env == nullptr) return std::nullopt;
+  char* end = nullptr;
+  const long value = std::strtol(env, &end, 10);
+  if (end == env || *end != '\0' || value <= 0 || value > kMaxThreads) return std::nullopt;
+  return static_cast<int32_t>(value);
+}
+
+// This process's cgroup in the cgroup v2 hierarchy: the cgroup2 mount from /proc/self/mountinfo
+// (/sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid systems) and, under it, the directory
+// named by the "0::<path>" line of /proc/self/cgroup (relative to the mount's root). Empty
+// strings without one.
+struct CgroupV2Place {
+  std::string mount_point;
+  std::string directory;
+};
+
+CgroupV2Place FindCgroupV2() {
+  std::string mount_root, mount_point;
+  std::ifstream mounts("/proc/self/mountinfo");
+  for (std::string line; std::getline(mounts, line);) {
+    // "<id> <parent> <major:minor> <root> <mount point> <options...> - cgroup2 ..."
+    if (line.find(" - cgroup2 ") == std::string::npos) continue;
+    std::vector<std::string> fields;
+    size_t begin = 0;
+    for (int i = 0; i < 5; ++i) {
+      const size_t end = line.find(' ', begin);
+      if (end == std::string::npos) break;
+      fields.push_back(line.substr(begin, end - begin));
+      begin = end + 1;
+    }
+    if (fields.size() == 5) {
+      mount_root = fields[3];
+      mount_point = fields[4];
+      break;
+    }
+  }
+  if (mount_point.empty()) return {};
+  std::ifstream cgroups("/proc/self/cgroup");
+  for (std::string line; std::getline(cgroups, line);) {
+    if (line.rfind("0::", 0) != 0) continue;
+    std::string path = line.substr(3);
+    if (mount_root != "/" && path.rfind(mount_root, 0) == 0) path = path.substr(mount_root.size());
+    if (path.find("/..") != std::string::npos) return {};  // never walk out of the mount
+    while (!path.empty() && path.back() == '/') path.pop_back();
+    return {mount_point, mount_point + path};
+  }
+  return {};
+}
+
+// The smallest quota from this process's cgroup up to the mount: a parent's limit binds its
+// children too.
+std::optional<int32_t> CgroupQuotaThreads() {
+  const CgroupV2Place place = FindCgroupV2();
+  if (place.directory.empty()) return std::nullopt;
+  std::optional<int32_t> threads;
+  std::string directory = place.directory;
+  for (;;) {
+    std::ifstream file(directory + "/cpu.max");
+    std::string line;
+    if (file && std::getline(file, line)) {
+      if (const auto limit = ThreadsFromCpuMax(line)) {
+        threads = std::min(threads.value_or(*limit), *limit);
+      }
+    }
+    if (directory.size() <= place.mount_point.size()) break;
+    directory.resize(directory.rfind('/'));
+  }
+  return threads;
+}
+
+int32_t DefaultThreads() {
+  if (const auto env = EnvThreads()) return *env;
+  int32_t threads = AffinityCores();
+  if (const auto quota = CgroupQuotaThreads()) threads = std::min(threads, *quota);
+  return std::clamp(threads, 1, kMaxThreads);
 }
 
 }  // namespace
 
+int32_t AffinityCores() {
+  // A cpu_set_t holds 1024 CPUs; larger machines need a larger mask, found by trying.
+  for (int cpus = 1024; cpus <= (1 << 16); cpus *= 2) {
+    cpu_set_t* set = CPU_ALLOC(cpus);
+    if (set == nullptr) break;
+    const size_t bytes = CPU_ALLOC_SIZE(cpus);
+    const bool ok = sched_getaffinity(0, bytes, set) == 0;
+    const int count = ok ? CPU_COUNT_S(bytes, set) : 0;
+    CPU_FREE(set);
+    if (ok) return std::max(count, 1);
+    if (errno != EINVAL) break;
+  }
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<int32_t>(std::min<long>(online, kMaxThreads)) : 1;
+}
+
+std::optional<int32_t> ThreadsFromCpuMax(std::string_view cpu_max) {
+  while (!cpu_max.empty() && (cpu_max.back() == '\n' || cpu_max.back() == ' ')) {
+    cpu_max.remove_suffix(1);
+  }
+  const size_t space = cpu_max.find(' ');
+  if (space == std::string_view::npos) return std::nullopt;
+  const std::string_view quota_text = cpu_max.substr(0, space);
+  const std::string_view period_text = cpu_max.substr(space + 1);
+  if (quota_text == "max") return std::nullopt;
+  int64_t quota = 0, period = 0;
+  const auto parse = [](std::string_view text, int64_t& value) {
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+    return error == std::errc() && end == text.data() + text.size() && value > 0;
+  };
+  if (!parse(quota_text, quota) || !parse(period_text, period)) return std::nullopt;
+  const int64_t threads = quota / period + (quota % period != 0);
+  return static_cast<int32_t>(std::clamp<int64_t>(threads, 1, kMaxThreads));
+}
+
 int32_t ConfiguredThreads() {
+  if (forked_after_team.load(std::memory_order_relaxed)) return 1;
   const int32_t requested = requested_threads.load();
   if (requested > 0) return requested;
   static const int32_t default_threads = DefaultThreads();
@@ -114,21 +248,55 @@ int32_t ConfiguredThreads() {
 
 void ParallelFor(int32_t threads, int64_t num_tasks, const std::function<void(int64_t)>& task) {
   if (num_tasks <= 0) return;
-  const int32_t used = static_cast<int32_t>(std::min<int64_t>(threads, num_tasks));
-  if (used <= 1 || !Pool().TryRun(used, num_tasks, task)) {
+  const auto team = static_cast<int32_t>(std::min<int64_t>(threads, num_tasks));
+  if (team <= 1 || omp_in_parallel() || forked_after_team.load(std::memory_order_relaxed)) {
     for (int64_t i = 0; i < num_tasks; ++i) task(i);
+    return;
   }
+  RegisterForkHandlerOnce();
+  team_started.store(true, std::memory_order_relaxed);
+  const FloatMode caller_mode = FloatMode::OfThisThread();
+  std::atomic<int64_t> next_task{0};
+  FirstException first_exception;
+  // Tasks are handed out one at a time: a late or slow thread takes fewer, and the runtime may
+  // give fewer threads than asked (OMP_THREAD_LIMIT, OMP_DYNAMIC) without changing any result.
+#pragma omp parallel num_threads(team)
+  {
+    const ScopedFloatMode mode(caller_mode);
+    while (!first_exception.failed()) {
+      const int64_t i = next_task.fetch_add(1, std::memory_order_relaxed);
+      if (i >= num_tasks) break;
+      try {
+        task(i);
+      } catch (...) {
+        first_exception.Capture();
+      }
+    }
+  }
+  first_exception.RethrowIfAny();
 }
 
 }  // namespace gk
 
+#if defined(GRADKIT_OPENMP_ARCHER)
+// ThreadSanitizer builds (the tsan preset): accesses inside the uninstrumented OpenMP runtime are
+// not reported; Archer tells TSan what that runtime synchronizes. TSAN_OPTIONS still overrides.
+extern "C" const char* __tsan_default_options();
+extern "C" const char* __tsan_default_options() { return "ignore_noninstrumented_modules=1"; }
+#endif
+
 extern "C" gkStatus gkSetNumThreads(int32_t numThreads) {
-  if (numThreads < 0 || numThreads > 1024) {
-    return gk::Fail(GK_ERROR_PARAM_INVALID, "gkSetNumThreads",
-                    "numThreads is {}, it must be in [0, 1024] (0 = default)", numThreads);
-  }
-  gk::requested_threads.store(numThreads);
-  return GK_SUCCESS;
+  return gk::GuardCApi("gkSetNumThreads", [&] {
+    if (numThreads < 0 || numThreads > gk::kMaxThreads) {
+      return gk::Fail(GK_ERROR_PARAM_INVALID, "gkSetNumThreads",
+                      "numThreads is {}, it must be in [0, {}] (0 = default)", numThreads,
+                      gk::kMaxThreads);
+    }
+    gk::requested_threads.store(numThreads);
+    return GK_SUCCESS;
+  });
 }
 
-extern "C" int32_t gkGetNumThreads(void) { return gk::ConfiguredThreads(); }
+extern "C" int32_t gkGetNumThreads(void) {
+  return gk::GuardCApi("gkGetNumThreads", int32_t{1}, [] { return gk::ConfiguredThreads(); });
+}

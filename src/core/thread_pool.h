@@ -1,18 +1,39 @@
-// A persistent pool of worker threads. Work is split into numbered tasks by the caller's plan,
-// so results never depend on which thread runs a task: determinism comes from the plan.
+// Parallel loops on OpenMP, the runtime oneDNN here is built on: one pool of workers per process
+// for both, so the two never oversubscribe the cores. Work is split into numbered tasks by the
+// caller's plan, a function of the shape alone, so results never depend on which thread runs a
+// task or on how many threads the runtime actually gives.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string_view>
 
 namespace gk {
 
-// Threads operators plan with: gkSetNumThreads, else GRADKIT_NUM_THREADS, else online cores.
+// Threads operators plan with: gkSetNumThreads, else GRADKIT_NUM_THREADS, else the cores this
+// process may use (its CPU affinity mask, bounded by its cgroup v2 CPU quota). 1 in a forked
+// child whose parent had started workers (see ParallelFor).
 int32_t ConfiguredThreads();
 
 // Runs task(0) ... task(num_tasks - 1) on up to `threads` threads (the caller is one of them) and
-// returns when all are done. Concurrent callers are safe: when the pool is busy, the tasks of
-// the later caller run on its own thread, with identical results.
+// returns when all are done.
+// - Each top-level caller gets its own team: concurrent callers all run in parallel.
+// - Workers compute in the caller's floating-point mode (MXCSR on x86, FPCR on ARM: FTZ, DAZ,
+//   rounding) for the duration of the call.
+// - A task that throws, on any thread, stops the hand-out of further tasks; once every running
+//   task has returned, the first exception caught is rethrown on the caller.
+// - Runs every task on the calling thread when threads <= 1, when called from inside a parallel
+//   region (no nesting: the outer region already uses the cores), and in a child forked after
+//   workers were started (libgomp's workers do not survive fork, and its next region would wait
+//   for them forever).
 void ParallelFor(int32_t threads, int64_t num_tasks, const std::function<void(int64_t)>& task);
+
+// The default thread count's parts, exposed for tests.
+// Cores in this process's CPU affinity mask (sched_getaffinity).
+int32_t AffinityCores();
+// Threads a cgroup v2 `cpu.max` line allows ("max 100000": no limit, nullopt; "150000 100000":
+// 2, the quota over the period rounded up). nullopt also for a line that does not parse.
+std::optional<int32_t> ThreadsFromCpuMax(std::string_view cpu_max);
 
 }  // namespace gk

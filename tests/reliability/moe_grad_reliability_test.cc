@@ -329,6 +329,30 @@ TEST(Overflow64, MoeGradHugeNIsAnErrorNotACrashOrAWrap) {
       << gkGetRecentErrMsg();
 }
 
+// M = 2^60 rows pass every check (the views fit in the address space and are never read), and
+// phase 1's table of M row tokens is more than a vector can hold: std::length_error. It once
+// reached std::terminate through the C boundary; now it is a status like any failed allocation.
+TEST(Overflow64, MoeGradHugeMIsAStatusNotATerminate) {
+  MoeProblem p;
+  const int64_t m = int64_t{1} << 60;
+  p.batch = m, p.top_k = 1, p.g = 1, p.k = 1, p.n = 1, p.m = m, p.dx_rows = m;
+  p.group_list = {m};
+  Tensor dy = MakeTensor({m, 1}, DType::kF16, FakeAddress(uintptr_t{1} << 12));        // 2^61 bytes
+  Tensor idx = MakeTensor({m}, DType::kI32, FakeAddress((uintptr_t{1} << 61) + 4096));  // 2^62
+  Tensor dx = MakeTensor({m, 1}, DType::kF32, FakeAddress(uintptr_t{1} << 63));         // 2^62
+  std::vector<uint16_t> w(1, 0);
+  Tensor w_t = MakeTensor({1, 1, 1}, DType::kF16, w.data());
+  Tensor groups = p.GroupsT();
+  Executor executor;
+  uint64_t size = 0;
+  EXPECT_EQ(p.Phase1(dy.get(), w_t.get(), idx.get(), groups.get(), dx.get(), &executor, &size),
+            GK_ERROR_RUNTIME)
+      << gkGetRecentErrMsg();
+  EXPECT_EQ(executor, nullptr);
+  EXPECT_NE(std::string(gkGetRecentErrMsg()).find("out of memory"), std::string::npos)
+      << gkGetRecentErrMsg();
+}
+
 // ---- phase 2 -------------------------------------------------------------------------------
 
 TEST(MoeGradPhase2, WorkspaceShorterThanAskedOrNullIsAnError) {
@@ -400,6 +424,14 @@ TEST(MoeGradPhase2, IndexDataMadeInvalidAfterPhaseOneIsAnError) {
       gkMoeInitRoutingGroupedMatmulGrad(workspace.data(), size, executor.get(), nullptr), before,
       p.dx.bytes));
   p.group_list = {2, 3};
+  p.row_idx[2] = 4;  // the slot of row 0 again: two rows in one slot
+  EXPECT_TRUE(FailedCleanly(
+      gkMoeInitRoutingGroupedMatmulGrad(workspace.data(), size, executor.get(), nullptr), before,
+      p.dx.bytes));
+  EXPECT_NE(std::string(gkGetRecentErrMsg()).find("a slot already named by an earlier row"),
+            std::string::npos)
+      << gkGetRecentErrMsg();
+  p.row_idx[2] = 5;
   EXPECT_EQ(gkMoeInitRoutingGroupedMatmulGrad(workspace.data(), size, executor.get(), nullptr),
             GK_SUCCESS);
   EXPECT_EQ(p.dx.bytes, before);

@@ -1,6 +1,6 @@
 // EluGradV2 two-phase C API: phase 1 checks and plans, phase 2 only runs the plan.
-#include <new>
 
+#include "core/c_api_guard.h"
 #include "core/check.h"
 #include "core/error.h"
 #include "core/executor.h"
@@ -30,7 +30,7 @@ class EluGradV2Executor final : public gkOpExecutor {
   std::string_view op_name() const override { return kEluGradV2Name; }
   uint64_t workspace_bytes() const override { return plan_.workspace_bytes; }
 
-  gkStatus Run(void* workspace) override {
+  gkStatus Run(void* workspace) const override {
     if (plan_.total_elems == 0) return GK_SUCCESS;
     auto* scratch = static_cast<float*>(AlignUp(workspace, kEluGradV2WorkspaceAlignment));
     ParallelFor(plan_.threads, plan_.threads, [&](int64_t share) {
@@ -95,36 +95,38 @@ extern "C" gkStatus gkEluGradV2GetWorkspaceSize(const gkTensor* gradOutput, cons
                                                 uint64_t* workspaceSize,
                                                 gkOpExecutor** executor) {
   using namespace gk;
-  if (executor != nullptr) *executor = nullptr;
-  GK_RETURN_IF_ERROR(CheckNotNull(kPhase1, workspaceSize, "workspaceSize"));
-  GK_RETURN_IF_ERROR(CheckNotNull(kPhase1, executor, "executor"));
-  const EluGradV2Args args{gradOutput, x, alpha, scale, inputScale, isResult, gradInput};
-  GK_RETURN_IF_ERROR(CheckEluGradV2(kPhase1, args));
+  return GuardCApi(kPhase1, [&] {
+    if (executor != nullptr) *executor = nullptr;
+    GK_RETURN_IF_ERROR(CheckNotNull(kPhase1, workspaceSize, "workspaceSize"));
+    GK_RETURN_IF_ERROR(CheckNotNull(kPhase1, executor, "executor"));
+    const EluGradV2Args args{gradOutput, x, alpha, scale, inputScale, isResult, gradInput};
+    GK_RETURN_IF_ERROR(CheckEluGradV2(kPhase1, args));
 
-  const EluGradV2Problem problem{
-      *NumElements(*gradOutput),
-      gradOutput->dtype,
-      gradInput->dtype,
-      isResult,
-      IsContiguous(*gradOutput) && IsContiguous(*x) && IsContiguous(*gradInput),
-      FoldEluGradV2Coefficients(alpha, scale, inputScale)};
-  const EluGradV2Plan plan = MakeEluGradV2Plan(problem, DetectEluGradV2Machine());
-  const EluGradV2Kernel kernel = FindEluGradV2Kernel(plan.input_dtype, plan.output_dtype,
-                                                     plan.is_result);
-  if (kernel == nullptr) {
-    return Fail(GK_ERROR_INTERNAL, kPhase1, "no kernel for {} -> {}", DTypeName(plan.input_dtype),
-                DTypeName(plan.output_dtype));
-  }
-  auto* planned = new (std::nothrow) EluGradV2Executor(plan, *gradOutput, *x, *gradInput, kernel);
-  if (planned == nullptr) return Fail(GK_ERROR_RUNTIME, kPhase1, "out of memory");
-  *workspaceSize = plan.workspace_bytes;
-  *executor = planned;
-  ClearRecentError();
-  return GK_SUCCESS;
+    const EluGradV2Problem problem{
+        *NumElements(*gradOutput),
+        gradOutput->dtype,
+        gradInput->dtype,
+        isResult,
+        IsContiguous(*gradOutput) && IsContiguous(*x) && IsContiguous(*gradInput),
+        FoldEluGradV2Coefficients(alpha, scale, inputScale)};
+    const EluGradV2Plan plan = MakeEluGradV2Plan(problem, DetectEluGradV2Machine());
+    const EluGradV2Kernel kernel = FindEluGradV2Kernel(plan.input_dtype, plan.output_dtype,
+                                                       plan.is_result);
+    if (kernel == nullptr) {
+      return Fail(GK_ERROR_INTERNAL, kPhase1, "no kernel for {} -> {}",
+                  DTypeName(plan.input_dtype), DTypeName(plan.output_dtype));
+    }
+    *executor = new EluGradV2Executor(plan, *gradOutput, *x, *gradInput, kernel);
+    *workspaceSize = plan.workspace_bytes;
+    ClearRecentError();
+    return GK_SUCCESS;
+  });
 }
 
 extern "C" gkStatus gkEluGradV2(void* workspace, uint64_t workspaceSize, gkOpExecutor* executor,
                                 void* stream) {
   (void)stream;
-  return gk::RunExecutor(gk::kPhase2, gk::kEluGradV2Name, workspace, workspaceSize, executor);
+  return gk::GuardCApi(gk::kPhase2, [&] {
+    return gk::RunExecutor(gk::kPhase2, gk::kEluGradV2Name, workspace, workspaceSize, executor);
+  });
 }

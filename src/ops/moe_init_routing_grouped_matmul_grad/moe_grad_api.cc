@@ -3,6 +3,7 @@
 #include <cstring>
 #include <new>
 
+#include "core/c_api_guard.h"
 #include "core/check.h"
 #include "core/error.h"
 #include "core/executor.h"
@@ -42,11 +43,11 @@ class MoeGradExecutor final : public gkOpExecutor {
   std::string_view op_name() const override { return kMoeGradName; }
   uint64_t workspace_bytes() const override { return plan_.workspace_bytes; }
 
-  gkStatus Run(void* workspace) override {
+  gkStatus Run(void* workspace) const override {
     char* base = static_cast<char*>(AlignUp(workspace, kMoeGradAlignment));
     const MoeGradLayout& l = plan_.layout;
     const auto at = [&](const MoeGradRegion& r) { return r.bytes ? base + r.offset : nullptr; };
-    ws_ = {reinterpret_cast<float*>(at(l.matmul_out_ring)), at(l.a_tiles),
+    const MoeGradWorkspace ws{reinterpret_cast<float*>(at(l.matmul_out_ring)), at(l.a_tiles),
            reinterpret_cast<float*>(at(l.b_tiles)), at(l.system),
            reinterpret_cast<int64_t*>(at(l.group_offsets)),
            reinterpret_cast<int64_t*>(at(l.row_token)),
@@ -55,13 +56,17 @@ class MoeGradExecutor final : public gkOpExecutor {
     // The index data may have changed since phase 1 (repeatable executors): the tables are
     // rebuilt with the same checks before any byte of gradX is written.
     const MoeGradShape& s = plan_.shape;
-    GK_RETURN_IF_ERROR(BuildGroupOffsets(kPhase2, groups_, s, ws_.group_offsets));
-    GK_RETURN_IF_ERROR(BuildRowTokens(kPhase2, idx_, s, ws_.row_token));
-    if (plan_.token_chunks > 1) {
-      BuildChunkRows(ws_.group_offsets, ws_.row_token, s.g, plan_.token_chunks,
-                     plan_.tokens_per_chunk, ws_.chunk_starts, ws_.chunk_rows);
+    GK_RETURN_IF_ERROR(BuildGroupOffsets(kPhase2, groups_, s, ws.group_offsets));
+    GK_RETURN_IF_ERROR(BuildRowTokens(kPhase2, idx_, s, ws.row_token));
+    if (s.row_idx_type == RowIdxType::kGather) {
+      GK_RETURN_IF_ERROR(CheckDistinctSlots(kPhase2, idx_, s));
     }
-    ParallelFor(plan_.threads, plan_.threads, [&](int64_t t) { RunThread(static_cast<int32_t>(t)); });
+    if (plan_.token_chunks > 1) {
+      BuildChunkRows(ws.group_offsets, ws.row_token, s.g, plan_.token_chunks,
+                     plan_.tokens_per_chunk, ws.chunk_starts, ws.chunk_rows);
+    }
+    ParallelFor(plan_.threads, plan_.threads,
+                [&](int64_t t) { RunThread(static_cast<int32_t>(t), ws); });
     return GK_SUCCESS;
   }
 
@@ -79,20 +84,20 @@ class MoeGradExecutor final : public gkOpExecutor {
     int64_t tiles_done;
   };
 
-  void RunThread(int32_t t) const {
+  void RunThread(int32_t t, const MoeGradWorkspace& ws) const {
     const GemmSequentialScope sequential;
     const MoeGradPlan& p = plan_;
     ThreadSlots slots{
-        ws_.ring + t * p.parall_num * p.base_m * p.base_n,
-        ws_.a_tiles + t * p.base_m * p.shape.n * ElementBytes(p.gemm_dtype),
-        ws_.b_tiles ? ws_.b_tiles + t * p.base_n * p.shape.n : nullptr,
-        ws_.system ? ws_.system + t * p.gemm_scratchpad_bytes : nullptr,
+        ws.ring + t * p.parall_num * p.base_m * p.base_n,
+        ws.a_tiles + t * p.base_m * p.shape.n * ElementBytes(p.gemm_dtype),
+        ws.b_tiles ? ws.b_tiles + t * p.base_n * p.shape.n : nullptr,
+        ws.system ? ws.system + t * p.gemm_scratchpad_bytes : nullptr,
         0};
-    for (int64_t unit = t; unit < p.units; unit += p.threads) RunUnit(unit, slots);
+    for (int64_t unit = t; unit < p.units; unit += p.threads) RunUnit(unit, ws, slots);
   }
 
   // One unit: tokens [token_begin, token_end) x gradX columns [col0, col0 + cols).
-  void RunUnit(int64_t unit, ThreadSlots& slots) const {
+  void RunUnit(int64_t unit, const MoeGradWorkspace& ws, ThreadSlots& slots) const {
     const MoeGradPlan& p = plan_;
     const MoeGradShape& s = p.shape;
     const int64_t chunk = unit / p.col_blocks, block = unit % p.col_blocks;
@@ -108,11 +113,11 @@ class MoeGradExecutor final : public gkOpExecutor {
     for (int64_t g = 0; g < s.g; ++g) {
       int64_t begin, end;  // positions in the chunk's row list (or rows, with one chunk)
       if (p.token_chunks > 1) {
-        begin = ws_.chunk_starts[chunk * s.g + g];
-        end = ws_.chunk_starts[chunk * s.g + g + 1];
+        begin = ws.chunk_starts[chunk * s.g + g];
+        end = ws.chunk_starts[chunk * s.g + g + 1];
       } else {
-        begin = ws_.group_offsets[g];
-        end = ws_.group_offsets[g + 1];
+        begin = ws.group_offsets[g];
+        end = ws.group_offsets[g + 1];
       }
       if (begin == end) continue;  // an empty expert, or none of its rows in this chunk
       const void* weight_block = Base(w_) + (g * s.k + col0) * s.n * elem;
@@ -122,32 +127,32 @@ class MoeGradExecutor final : public gkOpExecutor {
       }
       for (int64_t r0 = begin; r0 < end; r0 += p.base_m) {
         const int64_t rows = std::min(p.base_m, end - r0);
-        RunTile(r0, rows, weight_block, col0, cols, slots);
+        RunTile(r0, rows, weight_block, col0, cols, ws, slots);
       }
     }
   }
 
-  int64_t RowAt(int64_t position) const {
-    return plan_.token_chunks > 1 ? ws_.chunk_rows[position] : position;
+  int64_t RowAt(const MoeGradWorkspace& ws, int64_t position) const {
+    return plan_.token_chunks > 1 ? ws.chunk_rows[position] : position;
   }
 
   // One GEMM tile into the next ring slot, then its rows added into gradX while still hot.
   void RunTile(int64_t position, int64_t rows, const void* weight_block, int64_t col0,
-               int64_t cols, ThreadSlots& slots) const {
+               int64_t cols, const MoeGradWorkspace& ws, ThreadSlots& slots) const {
     const MoeGradPlan& p = plan_;
     const MoeGradShape& s = p.shape;
     const int64_t elem = ElementBytes(s.dtype);
     const int64_t padded_rows = (rows + p.row_granule - 1) / p.row_granule * p.row_granule;
-    const int64_t first_row = RowAt(position);
+    const int64_t first_row = RowAt(ws, position);
     const bool in_place = s.dtype != DType::kF16 && padded_rows == rows &&
-                          RowAt(position + rows - 1) - first_row == rows - 1;
+                          RowAt(ws, position + rows - 1) - first_row == rows - 1;
     const void* a;
     if (in_place) {
       a = Base(dy_) + first_row * s.n * elem;  // consecutive rows of gradY, read where they are
     } else {
       const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
       for (int64_t r = 0; r < rows; ++r) {
-        const char* source = Base(dy_) + RowAt(position + r) * s.n * elem;
+        const char* source = Base(dy_) + RowAt(ws, position + r) * s.n * elem;
         char* target = slots.a_tile + r * s.n * gemm_elem;
         if (s.dtype == DType::kF16) {
           MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(source),
@@ -164,7 +169,7 @@ class MoeGradExecutor final : public gkOpExecutor {
     gemm_->Run(padded_rows, cols, a, weight_block, tile, slots.scratchpad);
     float* dx = reinterpret_cast<float*>(Base(dx_));
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t token = ws_.row_token[RowAt(position + r)];
+      const int64_t token = ws.row_token[RowAt(ws, position + r)];
       MoeAddRowF32(dx + token * s.k + col0, tile + r * p.base_n, cols);
     }
   }
@@ -172,7 +177,6 @@ class MoeGradExecutor final : public gkOpExecutor {
   MoeGradPlan plan_;
   std::unique_ptr<MoeTileGemm> gemm_;
   gkTensor dy_, w_, idx_, groups_, dx_;  // copies: the caller may release its descriptors
-  MoeGradWorkspace ws_{};
 };
 
 }  // namespace
@@ -184,37 +188,36 @@ extern "C" gkStatus gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
     gkGroupListType groupListType, gkTensor* gradX, uint64_t* workspaceSize,
     gkOpExecutor** executor) {
   using namespace gk;
-  if (executor != nullptr) *executor = nullptr;
-  GK_RETURN_IF_ERROR(CheckNotNull(kPhase1, workspaceSize, "workspaceSize"));
-  GK_RETURN_IF_ERROR(CheckNotNull(kPhase1, executor, "executor"));
-  // A C caller may pass any int: read the enums' bits, not their values (loading an enum outside
-  // its range is undefined in C++); the checks then name the bad value.
-  int32_t row_idx_type, group_list_type;
-  static_assert(sizeof row_idx_type == sizeof rowIdxType);
-  static_assert(sizeof group_list_type == sizeof groupListType);
-  std::memcpy(&row_idx_type, &rowIdxType, sizeof row_idx_type);
-  std::memcpy(&group_list_type, &groupListType, sizeof group_list_type);
-  const MoeGradArgs args{gradY, weight, expandedRowIdx, groupList, batch, topK, row_idx_type,
-                         group_list_type, gradX};
-  try {
+  return GuardCApi(kPhase1, [&] {
+    if (executor != nullptr) *executor = nullptr;
+    GK_RETURN_IF_ERROR(CheckNotNull(kPhase1, workspaceSize, "workspaceSize"));
+    GK_RETURN_IF_ERROR(CheckNotNull(kPhase1, executor, "executor"));
+    // A C caller may pass any int: read the enums' bits, not their values (loading an enum
+    // outside its range is undefined in C++); the checks then name the bad value.
+    int32_t row_idx_type, group_list_type;
+    static_assert(sizeof row_idx_type == sizeof rowIdxType);
+    static_assert(sizeof group_list_type == sizeof groupListType);
+    std::memcpy(&row_idx_type, &rowIdxType, sizeof row_idx_type);
+    std::memcpy(&group_list_type, &groupListType, sizeof group_list_type);
+    const MoeGradArgs args{gradY, weight, expandedRowIdx, groupList, batch, topK, row_idx_type,
+                           group_list_type, gradX};
     MoeGradShape shape{};
     GK_RETURN_IF_ERROR(CheckMoeGrad(kPhase1, args, &shape));
     auto gemm = MoeTileGemm::Create(MoeGradTileGemmShape(shape));
     const MoeGradMachine machine{ConfiguredThreads(), gemm->scratchpad_bytes(), gemm->name()};
     const MoeGradPlan plan = MakeMoeGradPlan(shape, machine);
-    auto* planned = new MoeGradExecutor(plan, std::move(gemm), *gradY, *weight, *expandedRowIdx,
-                                        *groupList, *gradX);
+    *executor = new MoeGradExecutor(plan, std::move(gemm), *gradY, *weight, *expandedRowIdx,
+                                    *groupList, *gradX);
     *workspaceSize = plan.workspace_bytes;
-    *executor = planned;
-  } catch (const std::bad_alloc&) {
-    return Fail(GK_ERROR_RUNTIME, kPhase1, "out of memory");
-  }
-  ClearRecentError();
-  return GK_SUCCESS;
+    ClearRecentError();
+    return GK_SUCCESS;
+  });
 }
 
 extern "C" gkStatus gkMoeInitRoutingGroupedMatmulGrad(void* workspace, uint64_t workspaceSize,
                                                       gkOpExecutor* executor, void* stream) {
   (void)stream;
-  return gk::RunExecutor(gk::kPhase2, gk::kMoeGradName, workspace, workspaceSize, executor);
+  return gk::GuardCApi(gk::kPhase2, [&] {
+    return gk::RunExecutor(gk::kPhase2, gk::kMoeGradName, workspace, workspaceSize, executor);
+  });
 }
