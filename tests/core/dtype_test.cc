@@ -31,6 +31,8 @@ TEST(DType, F16RoundTripsEveryHalf) {
   }
 }
 
+// Needs the compiler's _Float16 (GCC 12; clang only from 15 on x86, so not in the tsan preset).
+#if defined(__FLT16_MANT_DIG__)
 TEST(DType, F16MatchesCompilerConversionOnRandomFloats) {
   std::mt19937 generator(7);
   for (int i = 0; i < 2000000; ++i) {
@@ -42,6 +44,7 @@ TEST(DType, F16MatchesCompilerConversionOnRandomFloats) {
     ASSERT_EQ(F16FromF32(f), expected_bits) << "float " << f;
   }
 }
+#endif
 
 TEST(DType, F16RoundsHalfwayToEven) {
   // 1 + 2^-11 lies halfway between 1 and the next half (1 + 2^-10): ties go to the even one, 1.
