@@ -104,9 +104,9 @@ GK_API const char* gkGetRecentErrMsg(void);
  * Parallel work runs on OpenMP, shared with oneDNN; each calling thread gets its own team, and
  * workers compute in the caller's floating-point mode (flush-to-zero, denormals-are-zero,
  * rounding). Results are the same bytes for any thread count. A call from inside an active
- * OpenMP parallel region runs on the calling thread. In a child forked after gradkit ran work on
- * several threads, every operator runs on the child's calling thread and gkGetNumThreads()
- * returns 1 (OpenMP's workers do not survive fork). */
+ * OpenMP parallel region runs on the calling thread. In a forked child every operator runs on
+ * the child's calling thread and gkGetNumThreads() returns 1 (OpenMP's workers do not survive
+ * fork); a process started by exec is not affected. */
 GK_API gkStatus gkSetNumThreads(int32_t numThreads);
 GK_API int32_t gkGetNumThreads(void);
 

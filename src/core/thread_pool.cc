@@ -32,22 +32,16 @@ std::atomic<int32_t> requested_threads{0};
 
 // ---- fork ---------------------------------------------------------------------------------------
 // libgomp keeps its workers across regions; fork copies only the calling thread, and the child's
-// next region would wait at a barrier for workers that do not exist. So once a team has run, a
-// child runs everything on its calling thread (PyTorch does the same for its OpenMP backend).
-std::atomic<bool> team_started{false};
-std::atomic<bool> forked_after_team{false};
+// next region would wait at a barrier for workers that do not exist. Whether the parent had
+// workers cannot be asked of the runtime, and not only gradkit starts them (oneDNN, PyTorch, the
+// application share the runtime), so every forked child runs on its calling thread (PyTorch does
+// the same for its OpenMP backend). The handler is registered when the library is loaded, before
+// any region can run.
+std::atomic<bool> in_forked_child{false};
 
-void OnForkInChild() {
-  if (team_started.load(std::memory_order_relaxed)) {
-    forked_after_team.store(true, std::memory_order_relaxed);
-  }
-}
+void OnForkInChild() { in_forked_child.store(true, std::memory_order_relaxed); }
 
-// Registered before the first team starts, so no fork can come between the two unseen.
-void RegisterForkHandlerOnce() {
-  static const int registered = pthread_atfork(nullptr, nullptr, OnForkInChild);
-  (void)registered;
-}
+[[maybe_unused]] const int fork_handler_registered = pthread_atfork(nullptr, nullptr, OnForkInChild);
 
 // ---- floating-point mode --------------------------------------------------------------------------
 // A worker computes in the caller's mode: flush-to-zero, denormals-are-zero and rounding decide
@@ -239,7 +233,7 @@ std::optional<int32_t> ThreadsFromCpuMax(std::string_view cpu_max) {
 }
 
 int32_t ConfiguredThreads() {
-  if (forked_after_team.load(std::memory_order_relaxed)) return 1;
+  if (in_forked_child.load(std::memory_order_relaxed)) return 1;
   const int32_t requested = requested_threads.load();
   if (requested > 0) return requested;
   static const int32_t default_threads = DefaultThreads();
@@ -249,12 +243,10 @@ int32_t ConfiguredThreads() {
 void ParallelFor(int32_t threads, int64_t num_tasks, const std::function<void(int64_t)>& task) {
   if (num_tasks <= 0) return;
   const auto team = static_cast<int32_t>(std::min<int64_t>(threads, num_tasks));
-  if (team <= 1 || omp_in_parallel() || forked_after_team.load(std::memory_order_relaxed)) {
+  if (team <= 1 || omp_in_parallel() || in_forked_child.load(std::memory_order_relaxed)) {
     for (int64_t i = 0; i < num_tasks; ++i) task(i);
     return;
   }
-  RegisterForkHandlerOnce();
-  team_started.store(true, std::memory_order_relaxed);
   const FloatMode caller_mode = FloatMode::OfThisThread();
   std::atomic<int64_t> next_task{0};
   FirstException first_exception;

@@ -13,7 +13,7 @@ namespace gk {
 
 // Threads operators plan with: gkSetNumThreads, else GRADKIT_NUM_THREADS, else the cores this
 // process may use (its CPU affinity mask, bounded by its cgroup v2 CPU quota). 1 in a forked
-// child whose parent had started workers (see ParallelFor).
+// child (see ParallelFor).
 int32_t ConfiguredThreads();
 
 // Runs task(0) ... task(num_tasks - 1) on up to `threads` threads (the caller is one of them) and
@@ -24,9 +24,8 @@ int32_t ConfiguredThreads();
 // - A task that throws, on any thread, stops the hand-out of further tasks; once every running
 //   task has returned, the first exception caught is rethrown on the caller.
 // - Runs every task on the calling thread when threads <= 1, when called from inside a parallel
-//   region (no nesting: the outer region already uses the cores), and in a child forked after
-//   workers were started (libgomp's workers do not survive fork, and its next region would wait
-//   for them forever).
+//   region (no nesting: the outer region already uses the cores), and in a forked child
+//   (libgomp's workers do not survive fork, and its next region would wait for them forever).
 void ParallelFor(int32_t threads, int64_t num_tasks, const std::function<void(int64_t)>& task);
 
 // The default thread count's parts, exposed for tests.
