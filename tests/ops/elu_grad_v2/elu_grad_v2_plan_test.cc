@@ -29,7 +29,7 @@ TEST(EluGradV2Plan, ModeSelectionRules) {
       {Problem(big, DType::kBF16, true, true, DType::kBF16), EluGradV2Mode::kMixedResultFast},
       {Problem(big, DType::kF16, false, true, DType::kF16), EluGradV2Mode::kFloat16ExpFast},
       {Problem(big, DType::kF16, true), EluGradV2Mode::kFloat16ResultFast},
-      // Strided views go through float32 scratch whatever their dtype or size.
+      // Strided views take the SAFE path whatever their dtype or size.
       {Problem(big, DType::kF16, false, false), EluGradV2Mode::kSafeExp},
       {Problem(10, DType::kBF16, true, false), EluGradV2Mode::kSafeResult},
   };
@@ -79,12 +79,22 @@ TEST(EluGradV2Plan, SmallWorkUsesFewThreads) {
   EXPECT_EQ(MakeEluGradV2Plan(Problem(1 << 22, DType::kF32, false), kMachine).threads, 4);
 }
 
-TEST(EluGradV2Plan, WorkspaceOnlyForStridedViews) {
+TEST(EluGradV2Plan, WorkspaceOnlyForGatheredStridedViews) {
   EXPECT_EQ(MakeEluGradV2Plan(Problem(1 << 20, DType::kBF16, false), kMachine).workspace_bytes, 0u);
-  const auto strided = MakeEluGradV2Plan(Problem(1 << 20, DType::kBF16, false, false), kMachine);
-  EXPECT_EQ(strided.scratch_elems_per_thread, 2 * strided.tile_elems);
-  EXPECT_EQ(strided.workspace_bytes,
-            static_cast<uint64_t>(strided.threads * strided.scratch_elems_per_thread * 4 +
+  // Rows long enough run in place: no scratch.
+  auto rows = Problem(1 << 20, DType::kBF16, false, false);
+  rows.row_elems = kEluGradV2MinRowElems;
+  const auto in_place = MakeEluGradV2Plan(rows, kMachine);
+  EXPECT_FALSE(in_place.gather);
+  EXPECT_EQ(in_place.workspace_bytes, 0u);
+  // Shorter rows are gathered: one tile of dy, x and y per thread.
+  rows.row_elems = kEluGradV2MinRowElems - 1;
+  const auto gathered = MakeEluGradV2Plan(rows, kMachine);
+  EXPECT_TRUE(gathered.gather);
+  EXPECT_GE(gathered.scratch_bytes_per_thread, gathered.tile_elems * (2 + 2 + 2));
+  EXPECT_EQ(gathered.scratch_bytes_per_thread % kEluGradV2WorkspaceAlignment, 0);
+  EXPECT_EQ(gathered.workspace_bytes,
+            static_cast<uint64_t>(gathered.threads * gathered.scratch_bytes_per_thread +
                                   kEluGradV2WorkspaceAlignment));
   EXPECT_EQ(MakeEluGradV2Plan(Problem(0, DType::kF32, false, false), kMachine).workspace_bytes, 0u);
 }

@@ -7,6 +7,7 @@
 #include <hwy/highway.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "core/cpu/convert-inl.h"
 #include "core/cpu/math-inl.h"
@@ -17,8 +18,15 @@ namespace gk {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// The exp polynomial for results rounded to Out: each 16-bit output takes the shortest one whose
+// error stays far below its half-ulp (math-inl.h); float32 outputs the full one.
+template <class Out>
+inline constexpr int kExpDegree = std::is_same_v<Out, F16Storage>    ? 4
+                                  : std::is_same_v<Out, Bf16Storage> ? 3
+                                                                     : 6;
+
 // EluGradV2Formula (elu_grad_v2_ref.h), one vector at a time.
-template <bool kIsResult, class DF, class V = hn::Vec<DF>>
+template <bool kIsResult, int kDegree, class DF, class V = hn::Vec<DF>>
 HWY_INLINE V EluGradV2Vector(DF df, V dy, V x, V negcoef, V poscoef, V negiptcoef) {
   const V positive = hn::Mul(dy, poscoef);
   V negative;
@@ -26,7 +34,8 @@ HWY_INLINE V EluGradV2Vector(DF df, V dy, V x, V negcoef, V poscoef, V negiptcoe
     negative = hn::Mul(hn::Mul(dy, negiptcoef), hn::Add(x, negcoef));
   } else {
     // ExpF32 keeps a NaN argument (x or the product NaN), so NaN needs no select here.
-    negative = hn::Mul(hn::Mul(hn::Mul(dy, negiptcoef), negcoef), ExpF32(df, hn::Mul(x, negiptcoef)));
+    negative = hn::Mul(hn::Mul(hn::Mul(dy, negiptcoef), negcoef),
+                       ExpF32<kDegree>(df, hn::Mul(x, negiptcoef)));
   }
   // A select: the branch not taken (e.g. exp of a large argument) never reaches the result.
   return hn::IfThenElse(hn::Gt(x, hn::Zero(df)), positive, negative);
@@ -46,8 +55,9 @@ HWY_NOINLINE void EluGradV2Run(const void* dy_bytes, const void* x_bytes, void* 
   const auto poscoef = hn::Set(df, c.poscoef);
   const auto negiptcoef = hn::Set(df, c.negiptcoef);
   const auto compute = [&](int64_t i) {
-    return EluGradV2Vector<kIsResult>(df, LoadAsF32<In>(df, dy + i), LoadAsF32<In>(df, x + i),
-                                      negcoef, poscoef, negiptcoef);
+    return EluGradV2Vector<kIsResult, kExpDegree<Out>>(df, LoadAsF32<In>(df, dy + i),
+                                                       LoadAsF32<In>(df, x + i), negcoef, poscoef,
+                                                       negiptcoef);
   };
   // Elements [begin, end) through a padded copy: the same vector code, so every element follows
   // one formula, whatever its position.
@@ -59,9 +69,8 @@ HWY_NOINLINE void EluGradV2Run(const void* dy_bytes, const void* x_bytes, void* 
       HWY_ALIGN OutLane y_tail[hn::MaxLanes(df)] = {};
       std::memcpy(dy_tail, dy + i, count * sizeof(InLane));
       std::memcpy(x_tail, x + i, count * sizeof(InLane));
-      const auto v = EluGradV2Vector<kIsResult>(df, LoadAsF32<In>(df, dy_tail),
-                                                LoadAsF32<In>(df, x_tail), negcoef, poscoef,
-                                                negiptcoef);
+      const auto v = EluGradV2Vector<kIsResult, kExpDegree<Out>>(
+          df, LoadAsF32<In>(df, dy_tail), LoadAsF32<In>(df, x_tail), negcoef, poscoef, negiptcoef);
       StoreFromF32<Out>(df, v, y_tail);
       std::memcpy(y + i, y_tail, count * sizeof(OutLane));
     }
@@ -76,14 +85,11 @@ HWY_NOINLINE void EluGradV2Run(const void* dy_bytes, const void* x_bytes, void* 
         n, static_cast<int64_t>((kAlign - y_address % kAlign) % kAlign / sizeof(OutLane)));
     run_padded(0, head);
     for (i = head; i + 2 * lanes <= n; i += 2 * lanes) {
-      StreamPairFromF32<Out>(df, compute(i), compute(i + lanes), y + i);
+      StorePairFromF32<Out, true>(df, compute(i), compute(i + lanes), y + i);
     }
   } else {
     for (; i + 2 * lanes <= n; i += 2 * lanes) {
-      const auto y0 = compute(i);
-      const auto y1 = compute(i + lanes);
-      StoreFromF32<Out>(df, y0, y + i);
-      StoreFromF32<Out>(df, y1, y + i + lanes);
+      StorePairFromF32<Out, false>(df, compute(i), compute(i + lanes), y + i);
     }
   }
   run_padded(i, n);
