@@ -17,6 +17,29 @@
 #endif
 #endif
 
+#ifndef GRADKIT_CORE_CPU_CONVERT_INL_H_ONCE
+#define GRADKIT_CORE_CPU_CONVERT_INL_H_ONCE
+#include <atomic>
+
+namespace gk {
+// Highway 1.0's AVX3 targets are not compiled for AVX512-BF16, so there vcvtne2ps2bf16 is
+// reached by inline assembly, and only where the CPU has it (checked once per kernel call).
+// Tests turn it off to run the integer rounding on the same target.
+inline std::atomic<bool>& NativeBf16Allowed() {
+  static std::atomic<bool> allowed{true};
+  return allowed;
+}
+inline bool CpuHasAvx512Bf16() {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+}  // namespace gk
+#endif  // GRADKIT_CORE_CPU_CONVERT_INL_H_ONCE
+
 #if defined(GRADKIT_CORE_CPU_CONVERT_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef GRADKIT_CORE_CPU_CONVERT_INL_H_
 #undef GRADKIT_CORE_CPU_CONVERT_INL_H_
@@ -94,6 +117,24 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> Bf16RneInUpperHalf(DF df, hn::Vec<D
 }
 #endif
 
+// Whether this target reaches vcvtne2ps2bf16 by inline assembly (see NativeBf16Allowed).
+#undef GK_HAS_BF16_ASM_TARGET
+#if !GK_HWY_CONVERTS_16BIT && HWY_ARCH_X86 && \
+    (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)
+#define GK_HAS_BF16_ASM_TARGET 1
+inline constexpr bool kHasBf16Asm = true;
+// Two float32 vectors -> one vector of their bfloat16 values (v0's first), round to nearest
+// even, NaN kept quiet; float32 subnormals become zero (the instruction's rule).
+HWY_INLINE hn::Vec512<uint16_t> Bf16PairByInstruction(hn::Vec512<float> v0, hn::Vec512<float> v1) {
+  __m512i joined;
+  __asm__("vcvtne2ps2bf16 %2, %1, %0" : "=v"(joined) : "v"(v1.raw), "v"(v0.raw));
+  return hn::Vec512<uint16_t>{joined};
+}
+#else
+#define GK_HAS_BF16_ASM_TARGET 0
+inline constexpr bool kHasBf16Asm = false;
+#endif
+
 // float32 -> bfloat16 bits, round to nearest even; NaN stays a quiet NaN.
 template <class DF>
 HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> Bf16BitsRne(DF df, hn::Vec<DF> v) {
@@ -164,7 +205,7 @@ inline constexpr bool kHasStreamingStores = HWY_ARCH_X86 && HWY_TARGET <= HWY_AV
 // read-for-ownership of every output line); every non-temporal store writes a whole vector
 // (half-vector ones measured slower than plain stores), so `p` must then be aligned to
 // MaxLanes(df) * 4 bytes, and callers end with hwy::FlushStream() before other threads read.
-template <class Storage, bool kStream, class DF>
+template <class Storage, bool kStream, bool kBf16Asm = false, class DF>
 HWY_INLINE void StorePairFromF32(DF df, hn::Vec<DF> v0, hn::Vec<DF> v1,
                                  typename Storage::Lane* HWY_RESTRICT p) {
   const size_t lanes = hn::Lanes(df);
@@ -186,9 +227,15 @@ HWY_INLINE void StorePairFromF32(DF df, hn::Vec<DF> v0, hn::Vec<DF> v1,
 #if GK_HWY_CONVERTS_16BIT
       joined = hn::BitCast(du16, hn::OrderedDemote2To(hn::Repartition<hwy::bfloat16_t, DF>(), v0, v1));
 #else
-      // Little-endian: the odd 16-bit lanes are the upper halves of the 32-bit ones.
-      joined = hn::ConcatOdd(du16, hn::BitCast(du16, Bf16RneInUpperHalf(df, v1)),
-                             hn::BitCast(du16, Bf16RneInUpperHalf(df, v0)));
+      if constexpr (kBf16Asm) {
+#if GK_HAS_BF16_ASM_TARGET
+        joined = Bf16PairByInstruction(v0, v1);
+#endif
+      } else {
+        // Little-endian: the odd 16-bit lanes are the upper halves of the 32-bit ones.
+        joined = hn::ConcatOdd(du16, hn::BitCast(du16, Bf16RneInUpperHalf(df, v1)),
+                               hn::BitCast(du16, Bf16RneInUpperHalf(df, v0)));
+      }
 #endif
     }
     if constexpr (kStream) {

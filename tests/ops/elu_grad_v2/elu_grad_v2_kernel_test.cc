@@ -18,21 +18,33 @@ namespace {
 struct KernelCase {
   std::string isa;
   EluGradV2KernelEntry entry;
+  bool native_bf16 = true;  // false: integer bfloat16 rounding where the instruction would run
 };
-void PrintTo(const KernelCase& c, std::ostream* os) { *os << c.isa << " " << c.entry.name; }
+void PrintTo(const KernelCase& c, std::ostream* os) {
+  *os << c.isa << (c.native_bf16 ? "" : " (integer bf16)") << " " << c.entry.name;
+}
 
 std::vector<KernelCase> AllKernelCases() {
   std::vector<KernelCase> cases;
   for (const auto& isa : AvailableIsas()) {
-    for (const auto& entry : EluGradV2Kernels()) cases.push_back({isa, entry});
+    for (const auto& entry : EluGradV2Kernels()) {
+      cases.push_back({isa, entry});
+      if (entry.output == DType::kBF16) cases.push_back({isa, entry, false});
+    }
   }
   return cases;
 }
 
 class EluGradV2KernelTest : public ::testing::TestWithParam<KernelCase> {
  protected:
-  void SetUp() override { ASSERT_TRUE(SelectIsa(GetParam().isa)); }
-  void TearDown() override { SelectIsa(""); }
+  void SetUp() override {
+    ASSERT_TRUE(SelectIsa(GetParam().isa));
+    AllowNativeBf16Conversion(GetParam().native_bf16);
+  }
+  void TearDown() override {
+    SelectIsa("");
+    AllowNativeBf16Conversion(true);
+  }
 
   // Runs the kernel on n elements (offset by `misalign` elements from an aligned start) and
   // checks every output against the reference.
@@ -196,7 +208,8 @@ TEST_P(EluGradV2KernelTest, NanInBodyAndTailPropagates) {
 
 INSTANTIATE_TEST_SUITE_P(AllTargets, EluGradV2KernelTest, ::testing::ValuesIn(AllKernelCases()),
                          [](const ::testing::TestParamInfo<KernelCase>& info) {
-                           return info.param.isa + "_" + info.param.entry.name;
+                           return info.param.isa + (info.param.native_bf16 ? "_" : "_IntBf16_") +
+                                  info.param.entry.name;
                          });
 
 TEST(EluGradV2KernelTable, CoversEverySupportedDTypePair) {
