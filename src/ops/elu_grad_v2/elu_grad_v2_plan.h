@@ -60,8 +60,10 @@ struct EluGradV2Machine {
 EluGradV2Machine DetectEluGradV2Machine();
 
 inline constexpr int64_t kEluGradV2BlockBytes = 256;          // share boundaries align to this
-// Less input per thread is not worth waking one (measured: docs/benchmarks.md, EluGradV2).
-inline constexpr int64_t kEluGradV2MinShareBytes = 64 * 1024;
+// Less input per thread is not worth waking one. Measured (docs/benchmarks.md, EluGradV2): with
+// 64 KiB, two threads ran 1.5-4x slower than one at 32 K - 256 K elements, in every dtype and
+// mode; one thread stayed ahead up to 512 K float32 elements (2 MiB).
+inline constexpr int64_t kEluGradV2MinShareBytes = 1024 * 1024;
 // Strided rows at least this long run the vector kernel in place; shorter ones are gathered.
 inline constexpr int64_t kEluGradV2MinRowElems = 64;
 inline constexpr int64_t kEluGradV2WorkspaceAlignment = 64;

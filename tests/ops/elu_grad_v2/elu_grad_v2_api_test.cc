@@ -141,7 +141,7 @@ void CheckSlicedMatchesContiguous(const ApiCase& p, const EluGradV2Call& call, i
 TEST_P(EluGradV2ApiTest, SlicedRowsMatchContiguous) {
   // Rows of at least kEluGradV2MinRowElems run the kernel in place (rows split between shares);
   // shorter ones are gathered.
-  CheckSlicedMatchesContiguous(GetParam(), Call(), 700, 130);
+  CheckSlicedMatchesContiguous(GetParam(), Call(), 4100, 130);
   CheckSlicedMatchesContiguous(GetParam(), Call(), 33, kEluGradV2MinRowElems);
   CheckSlicedMatchesContiguous(GetParam(), Call(), 257, 7);
 }
@@ -187,7 +187,7 @@ TEST_P(EluGradV2ApiTest, InPlaceOverGradOutputAndX) {
 
 TEST_P(EluGradV2ApiTest, SameBytesForEveryThreadCount) {
   const auto& p = GetParam();
-  const int64_t n = (1 << 20) + 333;
+  const int64_t n = (1 << 21) + 333;  // 4 MiB of 16-bit input: 4 shares
   Buffer dy = RandomBuffer(p.in, n, -2, 2, 12), x = RandomBuffer(p.in, n, -6, 3, 13);
   std::vector<uint8_t> first;
   for (int32_t threads : {1, 2, 3, 4}) {

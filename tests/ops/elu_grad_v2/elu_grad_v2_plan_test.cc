@@ -78,6 +78,11 @@ TEST(EluGradV2Plan, SharesCoverTheTensorOnBlockBoundaries) {
 TEST(EluGradV2Plan, SmallWorkUsesFewThreads) {
   const auto plan = MakeEluGradV2Plan(Problem(8192, DType::kF32, false), kMachine);
   EXPECT_EQ(plan.threads, 1);  // 32 KiB of input is not worth a second thread
+  // Nor 64 K elements (measured slower on two threads than on one).
+  EXPECT_EQ(MakeEluGradV2Plan(Problem(1 << 16, DType::kF32, false), kMachine).threads, 1);
+  EXPECT_EQ(MakeEluGradV2Plan(Problem(1 << 16, DType::kBF16, false), kMachine).threads, 1);
+  EXPECT_EQ(MakeEluGradV2Plan(Problem(kEluGradV2MinShareBytes / 4 * 2, DType::kF32, false),
+                              kMachine).threads, 2);
   EXPECT_EQ(MakeEluGradV2Plan(Problem(1 << 22, DType::kF32, false), kMachine).threads, 4);
 }
 
