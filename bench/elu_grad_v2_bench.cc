@@ -68,7 +68,30 @@ EluGradV2BenchResult RunEluGradV2BenchCase(const EluGradV2BenchCase& c, double m
   Check(gkSetExecutorRepeatable(executor));
   std::vector<uint8_t> workspace(workspace_size);
 
-  EluGradV2BenchResult r{c, "", 0, 0, std::nullopt, ""};
+  // The same elements as a sliced view: rows of kSlicedRowElems in storage of a longer pitch.
+  const bool sliced = c.elems % kSlicedRowElems == 0;
+  const int64_t rows = c.elems / kSlicedRowElems;
+  const int64_t sliced_storage = sliced ? rows * kSlicedRowPitch : 0;
+  const auto dy_sliced = RandomBuffer(sliced_storage, c.dtype, -2.0f, 2.0f, 3);
+  const auto x_sliced = RandomBuffer(sliced_storage, c.dtype, -4.0f, 4.0f, 4);
+  std::vector<uint8_t> y_sliced(static_cast<size_t>(sliced_storage * elem_bytes));
+  const int64_t sliced_shape[2] = {rows, kSlicedRowElems};
+  const int64_t sliced_strides[2] = {kSlicedRowPitch, 1};
+  gkTensor* dy_s = gkCreateTensor(sliced_shape, 2, type, sliced_strides, 0,
+                                  const_cast<uint8_t*>(dy_sliced.data()));
+  gkTensor* x_s = gkCreateTensor(sliced_shape, 2, type, sliced_strides, 0,
+                                 const_cast<uint8_t*>(x_sliced.data()));
+  gkTensor* y_s = gkCreateTensor(sliced_shape, 2, type, sliced_strides, 0, y_sliced.data());
+  uint64_t sliced_workspace_size = 0;
+  gkOpExecutor* sliced_executor = nullptr;
+  if (sliced) {
+    Check(gkEluGradV2GetWorkspaceSize(dy_s, x_s, kAlpha, kScale, kInputScale, c.is_result, y_s,
+                                      &sliced_workspace_size, &sliced_executor));
+    Check(gkSetExecutorRepeatable(sliced_executor));
+  }
+  std::vector<uint8_t> sliced_workspace(sliced_workspace_size);
+
+  EluGradV2BenchResult r{c, "", 0, 0, std::nullopt, "", std::nullopt};
   const EluGradV2Problem problem{c.elems, c.dtype, c.dtype, c.is_result, true,
                                  FoldEluGradV2Coefficients(kAlpha, kScale, kInputScale)};
   const EluGradV2Plan plan = MakeEluGradV2Plan(problem, DetectEluGradV2Machine());
@@ -79,6 +102,12 @@ EluGradV2BenchResult RunEluGradV2BenchCase(const EluGradV2BenchCase& c, double m
   std::vector<std::function<void()>> candidates = {
       [&] { Check(gkEluGradV2(workspace.data(), workspace_size, executor, nullptr)); },
       [&] { copy(); }};
+  if (sliced) {
+    candidates.push_back([&] {
+      Check(gkEluGradV2(sliced_workspace.data(), sliced_workspace_size, sliced_executor, nullptr));
+    });
+  }
+  const size_t torch_index = candidates.size();
   std::vector<uint8_t> torch_y(y.size());
   if (auto torch_run = MakeTorchEluBackward(dy.data(), x.data(), torch_y.data(), c.elems, c.dtype,
                                             kAlpha, kScale, kInputScale, c.is_result, c.threads,
@@ -88,8 +117,15 @@ EluGradV2BenchResult RunEluGradV2BenchCase(const EluGradV2BenchCase& c, double m
   const auto seconds = BestSecondsInterleaved(candidates, min_seconds);
   r.gbps = static_cast<double>(moved_bytes) / seconds[0] / 1e9;
   r.copy_gbps = static_cast<double>(copy.bytes_moved()) / seconds[1] / 1e9;
-  if (seconds.size() > 2) r.torch_gbps = static_cast<double>(moved_bytes) / seconds[2] / 1e9;
+  if (sliced) r.sliced_gbps = static_cast<double>(moved_bytes) / seconds[2] / 1e9;
+  if (seconds.size() > torch_index) {
+    r.torch_gbps = static_cast<double>(moved_bytes) / seconds[torch_index] / 1e9;
+  }
   gkDestroyExecutor(executor);
+  gkDestroyExecutor(sliced_executor);
+  gkDestroyTensor(dy_s);
+  gkDestroyTensor(x_s);
+  gkDestroyTensor(y_s);
   gkDestroyTensor(dy_t);
   gkDestroyTensor(x_t);
   gkDestroyTensor(y_t);
@@ -105,10 +141,11 @@ std::string EluGradV2BenchJson(const EluGradV2BenchResult& r) {
   return fmt::format(
       "{{\"op\": \"elu_grad_v2\", \"dtype\": \"{}\", \"is_result\": {}, \"elems\": {}, "
       "\"threads\": {}, \"mode\": \"{}\", \"gbps\": {}, \"copy_gbps\": {}, \"torch_gbps\": {}, "
-      "\"vs_copy\": {}, \"vs_torch\": {}}}",
+      "\"vs_copy\": {}, \"vs_torch\": {}, \"sliced_gbps\": {}, \"sliced_vs_contiguous\": {}}}",
       DTypeName(r.c.dtype), r.c.is_result, r.c.elems, r.c.threads, r.mode, JsonNumber(r.gbps),
       JsonNumber(r.copy_gbps), JsonNumber(r.torch_gbps), JsonNumber(ratio(r.gbps, r.copy_gbps), 3),
-      JsonNumber(ratio(r.gbps, r.torch_gbps), 3));
+      JsonNumber(ratio(r.gbps, r.torch_gbps), 3), JsonNumber(r.sliced_gbps),
+      JsonNumber(ratio(r.sliced_gbps, r.gbps), 3));
 }
 
 }  // namespace gk::bench

@@ -99,20 +99,23 @@ void RunEluBench(const EluBenchOptions& o) {
     std::printf("EluGradV2 on CPU (%s), %d threads; GB/s = bytes read + written per second\n",
                 ChosenIsa().c_str(), threads);
     if (!bench::TorchPeerAvailable()) std::printf("libtorch peer: skipped (not installed)\n");
-    std::printf("%-9s %-7s %10s %-20s %9s %9s %8s %9s %9s\n", "dtype", "mode", "elems",
-                "plan", "GB/s", "copy", "vs copy", "torch", "vs torch");
+    std::printf("%-9s %-7s %10s %-20s %9s %9s %8s %9s %9s %9s %9s\n", "dtype", "mode", "elems",
+                "plan", "GB/s", "copy", "vs copy", "torch", "vs torch", "sliced", "vs contig");
   }
   for (const auto& c : cases) {
     const auto r = bench::RunEluGradV2BenchCase(c, o.min_seconds);
     if (o.json) {
       std::printf("%s\n", bench::EluGradV2BenchJson(r).c_str());
     } else {
-      std::printf("%-9s %-7s %10lld %-20s %9.2f %9.2f %7.0f%% %9s %9s\n",
+      std::printf("%-9s %-7s %10lld %-20s %9.2f %9.2f %7.0f%% %9s %9s %9s %9s\n",
                   std::string(DTypeName(c.dtype)).c_str(), c.is_result ? "result" : "exp",
                   static_cast<long long>(c.elems), r.mode.c_str(), r.gbps, r.copy_gbps,
                   100.0 * r.gbps / r.copy_gbps,
                   r.torch_gbps ? fmt::format("{:.2f}", *r.torch_gbps).c_str() : "-",
-                  r.torch_gbps ? fmt::format("{:.2f}x", r.gbps / *r.torch_gbps).c_str() : "-");
+                  r.torch_gbps ? fmt::format("{:.2f}x", r.gbps / *r.torch_gbps).c_str() : "-",
+                  r.sliced_gbps ? fmt::format("{:.2f}", *r.sliced_gbps).c_str() : "-",
+                  r.sliced_gbps ? fmt::format("{:.0f}%", 100.0 * *r.sliced_gbps / r.gbps).c_str()
+                                : "-");
     }
     std::fflush(stdout);
   }

@@ -1,4 +1,7 @@
 // EluGradV2 two-phase C API: phase 1 checks and plans, phase 2 only runs the plan.
+#include <cstring>
+#include <new>
+#include <type_traits>
 
 #include "core/c_api_guard.h"
 #include "core/check.h"
@@ -8,6 +11,7 @@
 #include "gradkit/elu_grad_v2.h"
 #include "ops/elu_grad_v2/cpu/elu_grad_v2_kernels.h"
 #include "ops/elu_grad_v2/elu_grad_v2_def.h"
+#include "ops/elu_grad_v2/elu_grad_v2_layout.h"
 #include "ops/elu_grad_v2/elu_grad_v2_plan.h"
 
 namespace gk {
@@ -18,28 +22,25 @@ constexpr std::string_view kPhase2 = "gkEluGradV2";
 
 class EluGradV2Executor final : public gkOpExecutor {
  public:
-  EluGradV2Executor(const EluGradV2Plan& plan, const gkTensor& dy, const gkTensor& x,
-                    const gkTensor& y, EluGradV2Kernel kernel)
-      : plan_(plan),
-        dy_(dy),
-        x_(x),
-        y_(y),
-        kernel_(kernel),
-        f32_kernel_(FindEluGradV2Kernel(DType::kF32, DType::kF32, plan.is_result)) {}
+  EluGradV2Executor(const EluGradV2Plan& plan, const EluGradV2Layout& layout,
+                    EluGradV2Kernel kernel)
+      : plan_(plan), layout_(layout), kernel_(kernel) {}
 
   std::string_view op_name() const override { return kEluGradV2Name; }
   uint64_t workspace_bytes() const override { return plan_.workspace_bytes; }
 
   gkStatus Run(void* workspace) const override {
     if (plan_.total_elems == 0) return GK_SUCCESS;
-    auto* scratch = static_cast<float*>(AlignUp(workspace, kEluGradV2WorkspaceAlignment));
+    auto* scratch = static_cast<char*>(AlignUp(workspace, kEluGradV2WorkspaceAlignment));
     ParallelFor(plan_.threads, plan_.threads, [&](int64_t share) {
       const auto s = static_cast<int32_t>(share);
       if (plan_.contiguous) {
         RunContiguousShare(plan_.ShareBegin(s), plan_.ShareElems(s));
+      } else if (!plan_.gather) {
+        RunRowsShare(plan_.ShareBegin(s), plan_.ShareElems(s));
       } else {
-        RunStridedShare(plan_.ShareBegin(s), plan_.ShareElems(s),
-                        scratch + share * plan_.scratch_elems_per_thread);
+        RunGatherShare(plan_.ShareBegin(s), plan_.ShareElems(s),
+                       scratch + share * plan_.scratch_bytes_per_thread);
       }
     });
     return GK_SUCCESS;
@@ -53,37 +54,77 @@ class EluGradV2Executor final : public gkOpExecutor {
   void RunContiguousShare(int64_t begin, int64_t elems) const {
     const int64_t in_bytes = ElementBytes(plan_.input_dtype);
     const int64_t out_bytes = ElementBytes(plan_.output_dtype);
+    const char* dy = Base(layout_.dy);
+    const char* x = Base(layout_.x);
+    char* y = Base(layout_.y);
     for (int64_t i = begin; i < begin + elems; i += plan_.tile_elems) {
       const int64_t n = std::min(plan_.tile_elems, begin + elems - i);
-      kernel_(Base(dy_) + i * in_bytes, Base(x_) + i * in_bytes, Base(y_) + i * out_bytes, n,
-              plan_.coef, plan_.streaming_stores);
+      kernel_(dy + i * in_bytes, x + i * in_bytes, y + i * out_bytes, n, plan_.coef,
+              plan_.streaming_stores);
     }
     if (plan_.streaming_stores) FlushStreamingStores();
   }
 
-  // SAFE path for strided views: gather a tile into float32 scratch, run the float32 kernel in
-  // place, scatter with one rounding to the output dtype.
-  void RunStridedShare(int64_t begin, int64_t elems, float* scratch) const {
-    float* dy_tile = scratch;
-    float* x_tile = scratch + plan_.tile_elems;
-    StridedCursor dy_at(dy_, begin), x_at(x_, begin), y_at(y_, begin);
+  // Strided views made of contiguous rows (after merging dims): the same kernel as contiguous
+  // views, once per row (or the part of a row in this share), so every element gets the same
+  // bits as in a contiguous copy.
+  void RunRowsShare(int64_t begin, int64_t elems) const {
+    const int64_t row = plan_.row_elems;
+    for (int64_t i = begin; i < begin + elems;) {
+      const int64_t n = std::min(row - i % row, begin + elems - i);
+      kernel_(ElementAt(layout_.dy, i), ElementAt(layout_.x, i),
+              const_cast<void*>(ElementAt(layout_.y, i)), n, plan_.coef,
+              /*stream_output=*/false);
+      i += n;
+    }
+  }
+
+  // Views without long contiguous rows: gather a tile of dy and x into scratch (their own
+  // dtype, whole elements: no conversion), run the same kernel there, scatter y's elements.
+  void RunGatherShare(int64_t begin, int64_t elems, char* scratch) const {
+    const int64_t in_bytes = ElementBytes(plan_.input_dtype);
+    const int64_t out_bytes = ElementBytes(plan_.output_dtype);
+    char* dy_tile = scratch;
+    char* x_tile = dy_tile + plan_.tile_elems * in_bytes;
+    char* y_tile = x_tile + plan_.tile_elems * in_bytes;
+    StridedCursor dy_at(layout_.dy, begin), x_at(layout_.x, begin), y_at(layout_.y, begin);
+    const auto next = [](const gkTensor& t, StridedCursor& at, int64_t bytes) {
+      char* p = static_cast<char*>(t.data) + at.offset() * bytes;
+      at.Next();
+      return p;
+    };
     for (int64_t i = begin; i < begin + elems; i += plan_.tile_elems) {
       const int64_t n = std::min(plan_.tile_elems, begin + elems - i);
-      for (int64_t j = 0; j < n; ++j, dy_at.Next(), x_at.Next()) {
-        dy_tile[j] = LoadAsF32(dy_.data, dy_at.offset(), dy_.dtype);
-        x_tile[j] = LoadAsF32(x_.data, x_at.offset(), x_.dtype);
+      CopyElements(in_bytes, n, [&](int64_t j) { return dy_tile + j * in_bytes; },
+                   [&](int64_t) { return next(layout_.dy, dy_at, in_bytes); });
+      CopyElements(in_bytes, n, [&](int64_t j) { return x_tile + j * in_bytes; },
+                   [&](int64_t) { return next(layout_.x, x_at, in_bytes); });
+      kernel_(dy_tile, x_tile, y_tile, n, plan_.coef, /*stream_output=*/false);
+      CopyElements(out_bytes, n, [&](int64_t) { return next(layout_.y, y_at, out_bytes); },
+                   [&](int64_t j) { return y_tile + j * out_bytes; });
+    }
+  }
+
+  // n element copies of `bytes` bytes each, from from(j) to to(j), with the size known to the
+  // compiler (a 2- or 4-byte move, not a call per element).
+  template <class To, class From>
+  static void CopyElements(int64_t bytes, int64_t n, To to, From from) {
+    const auto copy = [&](auto size) {
+      for (int64_t j = 0; j < n; ++j) {
+        char* target = to(j);
+        std::memcpy(target, from(j), size);
       }
-      f32_kernel_(dy_tile, x_tile, dy_tile, n, plan_.coef, /*stream_output=*/false);
-      for (int64_t j = 0; j < n; ++j, y_at.Next()) {
-        StoreFromF32(y_.data, y_at.offset(), y_.dtype, dy_tile[j]);
-      }
+    };
+    if (bytes == 2) {
+      copy(std::integral_constant<size_t, 2>());
+    } else {
+      copy(std::integral_constant<size_t, 4>());
     }
   }
 
   EluGradV2Plan plan_;
-  gkTensor dy_, x_, y_;  // copies: the caller may release its descriptors after phase 1
-  EluGradV2Kernel kernel_;      // the plan's dtype pair, contiguous views
-  EluGradV2Kernel f32_kernel_;  // float32 scratch tiles, strided views
+  EluGradV2Layout layout_;  // copies: the caller may release its descriptors after phase 1
+  EluGradV2Kernel kernel_;  // the plan's dtype pair and mode
 };
 
 }  // namespace
@@ -102,22 +143,26 @@ extern "C" gkStatus gkEluGradV2GetWorkspaceSize(const gkTensor* gradOutput, cons
     const EluGradV2Args args{gradOutput, x, alpha, scale, inputScale, isResult, gradInput};
     GK_RETURN_IF_ERROR(CheckEluGradV2(kPhase1, args));
 
+    const EluGradV2Layout layout = MergeEluGradV2Dims(*gradOutput, *x, *gradInput);
     const EluGradV2Problem problem{
         *NumElements(*gradOutput),
         gradOutput->dtype,
         gradInput->dtype,
         isResult,
         IsContiguous(*gradOutput) && IsContiguous(*x) && IsContiguous(*gradInput),
-        FoldEluGradV2Coefficients(alpha, scale, inputScale)};
+        FoldEluGradV2Coefficients(alpha, scale, inputScale),
+        layout.row_elems};
     const EluGradV2Plan plan = MakeEluGradV2Plan(problem, DetectEluGradV2Machine());
     const EluGradV2Kernel kernel = FindEluGradV2Kernel(plan.input_dtype, plan.output_dtype,
                                                        plan.is_result);
     if (kernel == nullptr) {
-      return Fail(GK_ERROR_INTERNAL, kPhase1, "no kernel for {} -> {}",
-                  DTypeName(plan.input_dtype), DTypeName(plan.output_dtype));
+      return Fail(GK_ERROR_INTERNAL, kPhase1, "no kernel for {} -> {}", DTypeName(plan.input_dtype),
+                  DTypeName(plan.output_dtype));
     }
-    *executor = new EluGradV2Executor(plan, *gradOutput, *x, *gradInput, kernel);
+    auto* planned = new (std::nothrow) EluGradV2Executor(plan, layout, kernel);
+    if (planned == nullptr) return Fail(GK_ERROR_RUNTIME, kPhase1, "out of memory");
     *workspaceSize = plan.workspace_bytes;
+    *executor = planned;
     ClearRecentError();
     return GK_SUCCESS;
   });

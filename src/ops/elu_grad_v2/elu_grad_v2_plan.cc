@@ -28,10 +28,6 @@ EluGradV2Mode ChooseMode(const EluGradV2Problem& p, int64_t tile_elems) {
   return result ? EluGradV2Mode::kSafeResult : EluGradV2Mode::kSafeExp;
 }
 
-bool UsesScratch(const EluGradV2Plan& plan) {
-  return !plan.contiguous;  // only strided views go through float32 scratch tiles
-}
-
 }  // namespace
 
 std::string_view EluGradV2ModeName(EluGradV2Mode mode) {
@@ -67,14 +63,16 @@ EluGradV2Plan MakeEluGradV2Plan(const EluGradV2Problem& problem, const EluGradV2
   plan.contiguous = problem.contiguous;
   plan.coef = problem.coef;
   plan.total_elems = problem.elems;
+  plan.row_elems = problem.contiguous ? problem.elems : problem.row_elems;
+  plan.gather = !problem.contiguous && problem.row_elems < kEluGradV2MinRowElems;
 
   const int64_t in_bytes = ElementBytes(problem.input_dtype);
   const int64_t out_bytes = ElementBytes(problem.output_dtype);
   plan.block_elems = kEluGradV2BlockBytes / in_bytes;
 
-  // Tile: half the per-core L1 holds the tile's live bytes (dy and x in, y out; or, through
-  // scratch, two float32 arrays), as the seed sizes tiles to the UB.
-  const int64_t live_bytes_per_elem = problem.contiguous ? 2 * in_bytes + out_bytes : 2 * 4;
+  // Tile: half the per-core L1 holds the tile's live bytes (dy and x in, y out, in place or in
+  // gather scratch), as the seed sizes tiles to the UB.
+  const int64_t live_bytes_per_elem = 2 * in_bytes + out_bytes;
   const int64_t budget = std::max<int64_t>(machine.l1d_bytes_per_core / 2, kEluGradV2BlockBytes);
   plan.tile_elems =
       std::max<int64_t>(1, budget / live_bytes_per_elem / plan.block_elems) * plan.block_elems;
@@ -106,10 +104,14 @@ EluGradV2Plan MakeEluGradV2Plan(const EluGradV2Problem& problem, const EluGradV2
       (__builtin_mul_overflow(problem.elems, 2 * in_bytes + out_bytes, &moved_bytes) ||
        moved_bytes > machine.llc_bytes);
 
-  if (UsesScratch(plan)) {
-    plan.scratch_elems_per_thread = 2 * plan.tile_elems;
+  if (plan.gather) {
+    // Each thread's part starts aligned: the kernel's loads and stores of scratch stay whole.
+    const int64_t tile_bytes = plan.tile_elems * live_bytes_per_elem;
+    plan.scratch_bytes_per_thread = CeilDiv(tile_bytes + 2 * kEluGradV2WorkspaceAlignment,
+                                            kEluGradV2WorkspaceAlignment) *
+                                    kEluGradV2WorkspaceAlignment;
     plan.workspace_bytes = static_cast<uint64_t>(plan.threads) *
-                               static_cast<uint64_t>(plan.scratch_elems_per_thread) * 4u +
+                               static_cast<uint64_t>(plan.scratch_bytes_per_thread) +
                            kEluGradV2WorkspaceAlignment;
   }
   if (problem.elems == 0) plan.workspace_bytes = 0;
@@ -123,12 +125,14 @@ std::string EluGradV2PlanToJson(const EluGradV2Plan& p) {
       "\"coefficients\": {{\"negcoef\": {}, \"poscoef\": {}, \"negiptcoef\": {}}}, "
       "\"total_elems\": {}, \"block_elems\": {}, \"threads\": {}, \"big_share_count\": {}, "
       "\"big_share_elems\": {}, \"small_share_elems\": {}, \"last_share_elems\": {}, "
-      "\"tile_elems\": {}, \"scratch_elems_per_thread\": {}, \"streaming_stores\": {}, "
+      "\"tile_elems\": {}, \"row_elems\": {}, \"gather\": {}, \"scratch_bytes_per_thread\": {}, "
+      "\"streaming_stores\": {}, "
       "\"workspace_bytes\": {}}}",
       EluGradV2ModeName(p.mode), DTypeName(p.input_dtype), DTypeName(p.output_dtype),
       p.is_result, p.contiguous, p.coef.negcoef, p.coef.poscoef, p.coef.negiptcoef,
       p.total_elems, p.block_elems, p.threads, p.big_share_count, p.big_share_elems,
-      p.small_share_elems, p.last_share_elems, p.tile_elems, p.scratch_elems_per_thread,
+      p.small_share_elems, p.last_share_elems, p.tile_elems, p.row_elems, p.gather,
+      p.scratch_bytes_per_thread,
       p.streaming_stores, p.workspace_bytes);
 }
 

@@ -16,7 +16,8 @@
 namespace gk {
 
 // The seed's eight schedule modes. Each names a kernel path (see elu_grad_v2_kernels.h):
-//   SAFE_*           float32, or any dtype through strided views: float32 scratch tiles
+//   SAFE_*           float32; and strided views of any dtype: the kernel per contiguous row, or
+//                    (rows too short) on tiles gathered into scratch
 //   SINGLE_TILE_*    the whole tensor fits one tile: one pass on the calling thread
 //   MIXED_*_FAST     contiguous bfloat16: convert in registers, no scratch
 //   FLOAT16_*_FAST   contiguous float16: convert in registers, no scratch
@@ -45,6 +46,9 @@ struct EluGradV2Problem {
   bool is_result;
   bool contiguous;  // gradOutput, x and gradInput all dense in C order
   EluGradV2Coefficients coef;
+  // Strided views: elements per contiguous row once dims are merged (elu_grad_v2_layout.h);
+  // 1 when some view has no unit-stride inner dim.
+  int64_t row_elems = 1;
 };
 
 // The machine's share of the decision: threads allowed and the per-core cache budget.
@@ -56,7 +60,12 @@ struct EluGradV2Machine {
 EluGradV2Machine DetectEluGradV2Machine();
 
 inline constexpr int64_t kEluGradV2BlockBytes = 256;          // share boundaries align to this
-inline constexpr int64_t kEluGradV2MinShareBytes = 64 * 1024;  // less is not worth a thread
+// Less input per thread is not worth waking one. Measured (docs/benchmarks.md, EluGradV2): with
+// 64 KiB, two threads ran 1.5-4x slower than one at 32 K - 256 K elements, in every dtype and
+// mode; one thread stayed ahead up to 512 K float32 elements (2 MiB).
+inline constexpr int64_t kEluGradV2MinShareBytes = 1024 * 1024;
+// Strided rows at least this long run the vector kernel in place; shorter ones are gathered.
+inline constexpr int64_t kEluGradV2MinRowElems = 64;
 inline constexpr int64_t kEluGradV2WorkspaceAlignment = 64;
 
 struct EluGradV2Plan {
@@ -74,7 +83,9 @@ struct EluGradV2Plan {
   int64_t small_share_elems;
   int64_t last_share_elems;   // the last share ends at total_elems
   int64_t tile_elems;         // elements per tile, a multiple of block_elems
-  int64_t scratch_elems_per_thread;  // float32 scratch per thread (strided SAFE path)
+  int64_t row_elems;          // strided views: contiguous row length (see EluGradV2Problem)
+  bool gather;                // strided views with rows shorter than kEluGradV2MinRowElems
+  int64_t scratch_bytes_per_thread;  // gather: one tile of dy, x (input dtype) and y
   bool streaming_stores;      // bytes moved exceed the last-level cache: write y past the caches
   uint64_t workspace_bytes;
 

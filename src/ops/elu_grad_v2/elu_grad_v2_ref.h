@@ -29,7 +29,11 @@ inline EluGradV2Coefficients FoldEluGradV2Coefficients(double alpha, double scal
 inline constexpr float kEluGradV2MaxExpArg = 89.0f;
 
 // The formula in float32, in the operation order of PyTorch's CPU kernel. The SIMD kernels
-// evaluate exactly this lane by lane (their exp differs from std::exp by at most 1 ulp).
+// follow this order lane by lane with their own exp (src/core/cpu/math-inl.h: the full
+// polynomial for float32 outputs, a shorter one for 16-bit outputs), so they meet the contract
+// below (EluGradV2Tolerance), not this function's bits. Their bits are the same across runs and
+// thread counts on one SIMD target; across targets (FMA or not, AVX-512's vscalefps against
+// exponent-bit scaling, native or integer 16-bit rounding) they may differ within the contract.
 // Policy: x NaN gives NaN; the branch not taken never leaks into the result (select, not blend).
 inline float EluGradV2Formula(float dy, float x, const EluGradV2Coefficients& c, bool is_result) {
   if (x > 0.0f) return dy * c.poscoef;

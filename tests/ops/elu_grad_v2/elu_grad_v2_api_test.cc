@@ -102,6 +102,72 @@ TEST_P(EluGradV2ApiTest, StridedViewsMatchContiguous) {
   }
 }
 
+// Runs [rows, cols] views cut from storage with row pitches (an element offset too, so no row
+// starts on a vector boundary) against contiguous copies: the same bytes, on 1 and 2 threads
+// (shares then split rows).
+void CheckSlicedMatchesContiguous(const ApiCase& p, const EluGradV2Call& call, int64_t rows,
+                                  int64_t cols) {
+  const int64_t dy_pitch = cols + 5, x_pitch = cols + 1, y_pitch = cols + 3;
+  Buffer dy_storage = RandomBuffer(p.in, rows * dy_pitch + 1, -2, 2, 12);
+  Buffer x_storage = RandomBuffer(p.in, rows * x_pitch + 1, -5, 3, 13);
+  Buffer dy(p.in, rows * cols), x(p.in, rows * cols), expected(p.out, rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      dy.set(r * cols + c, dy_storage.get(1 + r * dy_pitch + c));
+      x.set(r * cols + c, x_storage.get(1 + r * x_pitch + c));
+    }
+  }
+  auto dyc = MakeTensor({rows, cols}, p.in, dy.data()), xc = MakeTensor({rows, cols}, p.in, x.data());
+  auto ec = MakeTensor({rows, cols}, p.out, expected.data());
+  ASSERT_EQ(RunEluGradV2(dyc.get(), xc.get(), ec.get(), call), GK_SUCCESS);
+  for (int32_t threads : {1, 2}) {
+    ASSERT_EQ(gkSetNumThreads(threads), GK_SUCCESS);
+    Buffer y_storage(p.out, rows * y_pitch + 1);
+    auto dy_t = MakeTensor({rows, cols}, p.in, dy_storage.data(), {dy_pitch, 1}, 1);
+    auto x_t = MakeTensor({rows, cols}, p.in, x_storage.data(), {x_pitch, 1}, 1);
+    auto y_t = MakeTensor({rows, cols}, p.out, y_storage.data(), {y_pitch, 1}, 1);
+    ASSERT_EQ(RunEluGradV2(dy_t.get(), x_t.get(), y_t.get(), call), GK_SUCCESS)
+        << gkGetRecentErrMsg();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(y_storage.get(1 + r * y_pitch + c), expected.get(r * cols + c))
+            << rows << "x" << cols << " at " << r << "," << c << ", " << threads << " threads";
+      }
+    }
+  }
+  gkSetNumThreads(0);
+}
+
+TEST_P(EluGradV2ApiTest, SlicedRowsMatchContiguous) {
+  // Rows of at least kEluGradV2MinRowElems run the kernel in place (rows split between shares);
+  // shorter ones are gathered.
+  CheckSlicedMatchesContiguous(GetParam(), Call(), 4100, 130);
+  CheckSlicedMatchesContiguous(GetParam(), Call(), 33, kEluGradV2MinRowElems);
+  CheckSlicedMatchesContiguous(GetParam(), Call(), 257, 7);
+}
+
+TEST_P(EluGradV2ApiTest, AnyElementAlignedPointerWorks) {
+  // Data one element past a vector boundary (not aligned to anything but the element), large
+  // enough for the plan to stream the output: every element checked.
+  const auto& p = GetParam();
+  const int64_t n = 3 * (1 << 20) + 5;
+  Buffer dy = RandomBuffer(p.in, n + 1, -2, 2, 14), x = RandomBuffer(p.in, n + 1, -6, 3, 15);
+  Buffer y(p.out, n + 1);
+  const int64_t in_bytes = ElementBytes(p.in), out_bytes = ElementBytes(p.out);
+  auto dy_t = MakeTensor({n}, p.in, dy.bytes.data() + in_bytes);
+  auto x_t = MakeTensor({n}, p.in, x.bytes.data() + in_bytes);
+  auto y_t = MakeTensor({n}, p.out, y.bytes.data() + out_bytes);
+  ASSERT_EQ(RunEluGradV2(dy_t.get(), x_t.get(), y_t.get(), Call()), GK_SUCCESS)
+      << gkGetRecentErrMsg();
+  const auto c = Call();
+  const auto coef = FoldEluGradV2Coefficients(c.alpha, c.scale, c.input_scale);
+  EXPECT_EQ(y.get(0), 0.0f) << "wrote before the start";
+  for (int64_t i = 1; i <= n; ++i) {
+    ASSERT_TRUE(EluGradV2Matches(dy.get(i), x.get(i), y.get(i), coef, p.is_result, p.out))
+        << "element " << i;
+  }
+}
+
 TEST_P(EluGradV2ApiTest, InPlaceOverGradOutputAndX) {
   const auto& p = GetParam();
   if (p.in != p.out) GTEST_SKIP() << "in place needs equal dtypes";
@@ -121,7 +187,7 @@ TEST_P(EluGradV2ApiTest, InPlaceOverGradOutputAndX) {
 
 TEST_P(EluGradV2ApiTest, SameBytesForEveryThreadCount) {
   const auto& p = GetParam();
-  const int64_t n = (1 << 20) + 333;
+  const int64_t n = (1 << 21) + 333;  // 4 MiB of 16-bit input: 4 shares
   Buffer dy = RandomBuffer(p.in, n, -2, 2, 12), x = RandomBuffer(p.in, n, -6, 3, 13);
   std::vector<uint8_t> first;
   for (int32_t threads : {1, 2, 3, 4}) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -17,21 +18,33 @@ namespace {
 struct KernelCase {
   std::string isa;
   EluGradV2KernelEntry entry;
+  bool native_bf16 = true;  // false: integer bfloat16 rounding where the instruction would run
 };
-void PrintTo(const KernelCase& c, std::ostream* os) { *os << c.isa << " " << c.entry.name; }
+void PrintTo(const KernelCase& c, std::ostream* os) {
+  *os << c.isa << (c.native_bf16 ? "" : " (integer bf16)") << " " << c.entry.name;
+}
 
 std::vector<KernelCase> AllKernelCases() {
   std::vector<KernelCase> cases;
   for (const auto& isa : AvailableIsas()) {
-    for (const auto& entry : EluGradV2Kernels()) cases.push_back({isa, entry});
+    for (const auto& entry : EluGradV2Kernels()) {
+      cases.push_back({isa, entry});
+      if (entry.output == DType::kBF16) cases.push_back({isa, entry, false});
+    }
   }
   return cases;
 }
 
 class EluGradV2KernelTest : public ::testing::TestWithParam<KernelCase> {
  protected:
-  void SetUp() override { ASSERT_TRUE(SelectIsa(GetParam().isa)); }
-  void TearDown() override { SelectIsa(""); }
+  void SetUp() override {
+    ASSERT_TRUE(SelectIsa(GetParam().isa));
+    AllowNativeBf16Conversion(GetParam().native_bf16);
+  }
+  void TearDown() override {
+    SelectIsa("");
+    AllowNativeBf16Conversion(true);
+  }
 
   // Runs the kernel on n elements (offset by `misalign` elements from an aligned start) and
   // checks every output against the reference.
@@ -118,7 +131,9 @@ TEST_P(EluGradV2KernelTest, SpecialValues) {
         ASSERT_TRUE(EluGradV2Matches(dy.get(i), x.get(i), y.get(i), coef, e.is_result, e.output))
             << where;
       }
-      if (std::isnan(x.get(i))) ASSERT_TRUE(std::isnan(y.get(i))) << "NaN in x must give NaN";
+      if (std::isnan(x.get(i))) {
+        ASSERT_TRUE(std::isnan(y.get(i))) << "NaN in x must give NaN";
+      }
     }
   }
 }
@@ -145,6 +160,40 @@ TEST_P(EluGradV2KernelTest, ExpAcrossItsWholeRange) {
   }
 }
 
+TEST_P(EluGradV2KernelTest, EverySixteenBitInput) {
+  // Every 16-bit x (all 65536 patterns: NaNs, infinities, subnormals, exp's whole range and
+  // both branches) with dy of both signs and magnitudes, against the float64 reference: the
+  // short exp polynomials of 16-bit outputs are held to the same contract as the full one.
+  const auto& e = GetParam().entry;
+  if (e.input == DType::kF32) GTEST_SKIP() << "float32 inputs: see ExpAcrossItsWholeRange";
+  const int64_t n = 1 << 16;
+  const float dys[] = {1.0f, -2.5f, 0.3125f, 100.0f};
+  for (const float input_scale : {1.0f, -1.0f, 0.5f}) {
+    const auto coef = FoldEluGradV2Coefficients(1.6732632423543772, 1.0507009873554805, input_scale);
+    Buffer dy(e.input, n), x(e.input, n), y(e.output, n);
+    for (int64_t i = 0; i < n; ++i) {
+      const auto bits = static_cast<uint16_t>(i);
+      std::memcpy(x.bytes.data() + 2 * i, &bits, 2);
+      dy.set(i, dys[(i * 7) % 4]);
+    }
+    e.kernel(dy.data(), x.data(), y.data(), n, coef, false);
+    for (int64_t i = 0; i < n; ++i) {
+      const std::string where = e.name + std::string(" on ") + GetParam().isa + ", x bits " +
+                                std::to_string(i) + ", input_scale " + std::to_string(input_scale);
+      const float scalar = RoundToDType(EluGradV2Formula(dy.get(i), x.get(i), coef, e.is_result),
+                                        e.output);
+      if (std::isnan(scalar)) {
+        ASSERT_TRUE(std::isnan(y.get(i))) << where << ": got " << y.get(i);
+      } else if (std::isinf(scalar)) {
+        ASSERT_EQ(y.get(i), scalar) << where;
+      } else {
+        ASSERT_TRUE(EluGradV2Matches(dy.get(i), x.get(i), y.get(i), coef, e.is_result, e.output))
+            << where;
+      }
+    }
+  }
+}
+
 TEST_P(EluGradV2KernelTest, NanInBodyAndTailPropagates) {
   const auto& e = GetParam().entry;
   const int64_t n = 67;
@@ -159,7 +208,8 @@ TEST_P(EluGradV2KernelTest, NanInBodyAndTailPropagates) {
 
 INSTANTIATE_TEST_SUITE_P(AllTargets, EluGradV2KernelTest, ::testing::ValuesIn(AllKernelCases()),
                          [](const ::testing::TestParamInfo<KernelCase>& info) {
-                           return info.param.isa + "_" + info.param.entry.name;
+                           return info.param.isa + (info.param.native_bf16 ? "_" : "_IntBf16_") +
+                                  info.param.entry.name;
                          });
 
 TEST(EluGradV2KernelTable, CoversEverySupportedDTypePair) {

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "ops/elu_grad_v2/elu_grad_v2_layout.h"
+
 namespace gk {
 namespace {
 
@@ -29,7 +31,7 @@ TEST(EluGradV2Plan, ModeSelectionRules) {
       {Problem(big, DType::kBF16, true, true, DType::kBF16), EluGradV2Mode::kMixedResultFast},
       {Problem(big, DType::kF16, false, true, DType::kF16), EluGradV2Mode::kFloat16ExpFast},
       {Problem(big, DType::kF16, true), EluGradV2Mode::kFloat16ResultFast},
-      // Strided views go through float32 scratch whatever their dtype or size.
+      // Strided views take the SAFE path whatever their dtype or size.
       {Problem(big, DType::kF16, false, false), EluGradV2Mode::kSafeExp},
       {Problem(10, DType::kBF16, true, false), EluGradV2Mode::kSafeResult},
   };
@@ -76,15 +78,30 @@ TEST(EluGradV2Plan, SharesCoverTheTensorOnBlockBoundaries) {
 TEST(EluGradV2Plan, SmallWorkUsesFewThreads) {
   const auto plan = MakeEluGradV2Plan(Problem(8192, DType::kF32, false), kMachine);
   EXPECT_EQ(plan.threads, 1);  // 32 KiB of input is not worth a second thread
+  // Nor 64 K elements (measured slower on two threads than on one).
+  EXPECT_EQ(MakeEluGradV2Plan(Problem(1 << 16, DType::kF32, false), kMachine).threads, 1);
+  EXPECT_EQ(MakeEluGradV2Plan(Problem(1 << 16, DType::kBF16, false), kMachine).threads, 1);
+  EXPECT_EQ(MakeEluGradV2Plan(Problem(kEluGradV2MinShareBytes / 4 * 2, DType::kF32, false),
+                              kMachine).threads, 2);
   EXPECT_EQ(MakeEluGradV2Plan(Problem(1 << 22, DType::kF32, false), kMachine).threads, 4);
 }
 
-TEST(EluGradV2Plan, WorkspaceOnlyForStridedViews) {
+TEST(EluGradV2Plan, WorkspaceOnlyForGatheredStridedViews) {
   EXPECT_EQ(MakeEluGradV2Plan(Problem(1 << 20, DType::kBF16, false), kMachine).workspace_bytes, 0u);
-  const auto strided = MakeEluGradV2Plan(Problem(1 << 20, DType::kBF16, false, false), kMachine);
-  EXPECT_EQ(strided.scratch_elems_per_thread, 2 * strided.tile_elems);
-  EXPECT_EQ(strided.workspace_bytes,
-            static_cast<uint64_t>(strided.threads * strided.scratch_elems_per_thread * 4 +
+  // Rows long enough run in place: no scratch.
+  auto rows = Problem(1 << 20, DType::kBF16, false, false);
+  rows.row_elems = kEluGradV2MinRowElems;
+  const auto in_place = MakeEluGradV2Plan(rows, kMachine);
+  EXPECT_FALSE(in_place.gather);
+  EXPECT_EQ(in_place.workspace_bytes, 0u);
+  // Shorter rows are gathered: one tile of dy, x and y per thread.
+  rows.row_elems = kEluGradV2MinRowElems - 1;
+  const auto gathered = MakeEluGradV2Plan(rows, kMachine);
+  EXPECT_TRUE(gathered.gather);
+  EXPECT_GE(gathered.scratch_bytes_per_thread, gathered.tile_elems * (2 + 2 + 2));
+  EXPECT_EQ(gathered.scratch_bytes_per_thread % kEluGradV2WorkspaceAlignment, 0);
+  EXPECT_EQ(gathered.workspace_bytes,
+            static_cast<uint64_t>(gathered.threads * gathered.scratch_bytes_per_thread +
                                   kEluGradV2WorkspaceAlignment));
   EXPECT_EQ(MakeEluGradV2Plan(Problem(0, DType::kF32, false, false), kMachine).workspace_bytes, 0u);
 }
@@ -103,6 +120,54 @@ TEST(EluGradV2Plan, JsonNamesEveryField) {
                           "\"negcoef\"", "\"streaming_stores\""}) {
     EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
   }
+}
+
+gkTensor View(std::vector<int64_t> dims, std::vector<int64_t> strides, int64_t offset = 0) {
+  gkTensor t;
+  t.ndims = static_cast<int32_t>(dims.size());
+  for (size_t d = 0; d < dims.size(); ++d) {
+    t.dims[d] = dims[d];
+    t.strides[d] = strides[d];
+  }
+  t.offset = offset;
+  return t;
+}
+
+TEST(EluGradV2Layout, MergesDimsEveryViewStepsOverExactly) {
+  // A [4, 5, 6] slice of [4, 5, 8] rows: the outer two merge, the rows stay 6 long.
+  const gkTensor sliced = View({4, 5, 6}, {40, 8, 1}, 3);
+  const gkTensor dense = View({4, 5, 6}, {30, 6, 1});
+  const auto layout = MergeEluGradV2Dims(sliced, dense, dense);
+  ASSERT_EQ(layout.dy.ndims, 2);
+  EXPECT_EQ(layout.dy.dims[0], 20);
+  EXPECT_EQ(layout.dy.strides[0], 8);
+  EXPECT_EQ(layout.x.strides[0], 6);
+  EXPECT_EQ(layout.dy.offset, 3);
+  EXPECT_EQ(layout.row_elems, 6);
+  // All dense: one row of everything.
+  const auto flat = MergeEluGradV2Dims(dense, dense, dense);
+  EXPECT_EQ(flat.dy.ndims, 1);
+  EXPECT_EQ(flat.row_elems, 120);
+}
+
+TEST(EluGradV2Layout, SizeOneDimsDropAndUnitStrideDecidesRows) {
+  const gkTensor with_ones = View({1, 7, 1, 9}, {999, 9, 5, 1});
+  const auto layout = MergeEluGradV2Dims(with_ones, with_ones, with_ones);
+  EXPECT_EQ(layout.dy.ndims, 1);
+  EXPECT_EQ(layout.row_elems, 63);
+  // A transposed x: no view-wide unit-stride dim, nothing merges.
+  const gkTensor dense = View({7, 9}, {9, 1});
+  const auto transposed = MergeEluGradV2Dims(dense, View({7, 9}, {1, 7}), dense);
+  EXPECT_EQ(transposed.dy.ndims, 2);
+  EXPECT_EQ(transposed.row_elems, 1);
+  // One element.
+  const gkTensor one = View({1, 1}, {5, 3});
+  const auto single = MergeEluGradV2Dims(one, one, one);
+  EXPECT_EQ(single.dy.ndims, 1);
+  EXPECT_EQ(single.row_elems, 1);
+  // A stride whose product with a dim overflows never merges (4 * 2^62 wraps to the 0 above).
+  const gkTensor huge = View({2, 4}, {0, int64_t{1} << 62});
+  EXPECT_EQ(MergeEluGradV2Dims(huge, huge, huge).dy.ndims, 2);
 }
 
 TEST(EluGradV2Plan, CoefficientsFoldInFloat32) {

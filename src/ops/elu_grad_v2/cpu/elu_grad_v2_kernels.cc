@@ -7,6 +7,7 @@
 #include <hwy/highway.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "core/cpu/convert-inl.h"
 #include "core/cpu/math-inl.h"
@@ -17,8 +18,15 @@ namespace gk {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// The exp polynomial for results rounded to Out: each 16-bit output takes the shortest one whose
+// error stays far below its half-ulp (math-inl.h); float32 outputs the full one.
+template <class Out>
+inline constexpr int kExpDegree = std::is_same_v<Out, F16Storage>    ? 4
+                                  : std::is_same_v<Out, Bf16Storage> ? 3
+                                                                     : 6;
+
 // EluGradV2Formula (elu_grad_v2_ref.h), one vector at a time.
-template <bool kIsResult, class DF, class V = hn::Vec<DF>>
+template <bool kIsResult, int kDegree, class DF, class V = hn::Vec<DF>>
 HWY_INLINE V EluGradV2Vector(DF df, V dy, V x, V negcoef, V poscoef, V negiptcoef) {
   const V positive = hn::Mul(dy, poscoef);
   V negative;
@@ -26,15 +34,16 @@ HWY_INLINE V EluGradV2Vector(DF df, V dy, V x, V negcoef, V poscoef, V negiptcoe
     negative = hn::Mul(hn::Mul(dy, negiptcoef), hn::Add(x, negcoef));
   } else {
     // ExpF32 keeps a NaN argument (x or the product NaN), so NaN needs no select here.
-    negative = hn::Mul(hn::Mul(hn::Mul(dy, negiptcoef), negcoef), ExpF32(df, hn::Mul(x, negiptcoef)));
+    negative = hn::Mul(hn::Mul(hn::Mul(dy, negiptcoef), negcoef),
+                       ExpF32<kDegree>(df, hn::Mul(x, negiptcoef)));
   }
   // A select: the branch not taken (e.g. exp of a large argument) never reaches the result.
   return hn::IfThenElse(hn::Gt(x, hn::Zero(df)), positive, negative);
 }
 
-template <class In, class Out, bool kIsResult>
-HWY_NOINLINE void EluGradV2Run(const void* dy_bytes, const void* x_bytes, void* y_bytes,
-                               int64_t n, const EluGradV2Coefficients& c, bool stream_output) {
+template <class In, class Out, bool kIsResult, bool kBf16Asm>
+HWY_NOINLINE void EluGradV2Body(const void* dy_bytes, const void* x_bytes, void* y_bytes,
+                                int64_t n, const EluGradV2Coefficients& c, bool stream_output) {
   using InLane = typename In::Lane;
   using OutLane = typename Out::Lane;
   const auto* dy = static_cast<const InLane*>(dy_bytes);
@@ -46,23 +55,23 @@ HWY_NOINLINE void EluGradV2Run(const void* dy_bytes, const void* x_bytes, void* 
   const auto poscoef = hn::Set(df, c.poscoef);
   const auto negiptcoef = hn::Set(df, c.negiptcoef);
   const auto compute = [&](int64_t i) {
-    return EluGradV2Vector<kIsResult>(df, LoadAsF32<In>(df, dy + i), LoadAsF32<In>(df, x + i),
-                                      negcoef, poscoef, negiptcoef);
+    return EluGradV2Vector<kIsResult, kExpDegree<Out>>(df, LoadAsF32<In>(df, dy + i),
+                                                       LoadAsF32<In>(df, x + i), negcoef, poscoef,
+                                                       negiptcoef);
   };
-  // Elements [begin, end) through a padded copy: the same vector code, so every element follows
-  // one formula, whatever its position.
+  // Elements [begin, end) through a padded copy: the same vector code and the same conversion
+  // as the body, so every element follows one formula, whatever its position.
   const auto run_padded = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; i += lanes) {
       const int64_t count = std::min(lanes, end - i);
       HWY_ALIGN InLane dy_tail[hn::MaxLanes(df)] = {};
       HWY_ALIGN InLane x_tail[hn::MaxLanes(df)] = {};
-      HWY_ALIGN OutLane y_tail[hn::MaxLanes(df)] = {};
+      HWY_ALIGN OutLane y_tail[2 * hn::MaxLanes(df)] = {};
       std::memcpy(dy_tail, dy + i, count * sizeof(InLane));
       std::memcpy(x_tail, x + i, count * sizeof(InLane));
-      const auto v = EluGradV2Vector<kIsResult>(df, LoadAsF32<In>(df, dy_tail),
-                                                LoadAsF32<In>(df, x_tail), negcoef, poscoef,
-                                                negiptcoef);
-      StoreFromF32<Out>(df, v, y_tail);
+      const auto v = EluGradV2Vector<kIsResult, kExpDegree<Out>>(
+          df, LoadAsF32<In>(df, dy_tail), LoadAsF32<In>(df, x_tail), negcoef, poscoef, negiptcoef);
+      StorePairFromF32<Out, false, kBf16Asm>(df, v, hn::Zero(df), y_tail);
       std::memcpy(y + i, y_tail, count * sizeof(OutLane));
     }
   };
@@ -76,17 +85,25 @@ HWY_NOINLINE void EluGradV2Run(const void* dy_bytes, const void* x_bytes, void* 
         n, static_cast<int64_t>((kAlign - y_address % kAlign) % kAlign / sizeof(OutLane)));
     run_padded(0, head);
     for (i = head; i + 2 * lanes <= n; i += 2 * lanes) {
-      StreamPairFromF32<Out>(df, compute(i), compute(i + lanes), y + i);
+      StorePairFromF32<Out, true, kBf16Asm>(df, compute(i), compute(i + lanes), y + i);
     }
   } else {
     for (; i + 2 * lanes <= n; i += 2 * lanes) {
-      const auto y0 = compute(i);
-      const auto y1 = compute(i + lanes);
-      StoreFromF32<Out>(df, y0, y + i);
-      StoreFromF32<Out>(df, y1, y + i + lanes);
+      StorePairFromF32<Out, false, kBf16Asm>(df, compute(i), compute(i + lanes), y + i);
     }
   }
   run_padded(i, n);
+}
+
+template <class In, class Out, bool kIsResult>
+void EluGradV2Run(const void* dy, const void* x, void* y, int64_t n, const EluGradV2Coefficients& c,
+                  bool stream_output) {
+  if constexpr (kHasBf16Asm && std::is_same_v<Out, Bf16Storage>) {
+    if (CpuHasAvx512Bf16() && NativeBf16Allowed().load(std::memory_order_relaxed)) {
+      return EluGradV2Body<In, Out, kIsResult, true>(dy, x, y, n, c, stream_output);
+    }
+  }
+  EluGradV2Body<In, Out, kIsResult, false>(dy, x, y, n, c, stream_output);
 }
 
 #define GK_ELU_GRAD_V2_KERNEL(name, In, Out, is_result)                                     \
@@ -129,6 +146,8 @@ const std::vector<EluGradV2KernelEntry>& EluGradV2Kernels() {
 }
 
 void FlushStreamingStores() { hwy::FlushStream(); }
+
+void AllowNativeBf16Conversion(bool allow) { NativeBf16Allowed().store(allow); }
 
 EluGradV2Kernel FindEluGradV2Kernel(DType input, DType output, bool is_result) {
   for (const auto& entry : EluGradV2Kernels()) {

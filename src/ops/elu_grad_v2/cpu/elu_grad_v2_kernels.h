@@ -29,6 +29,10 @@ struct EluGradV2KernelEntry {
 
 void FlushStreamingStores();
 
+// For tests: false makes the bfloat16 kernels of Highway 1.0's AVX-512 targets round in integer
+// arithmetic even where the CPU has vcvtne2ps2bf16 (convert-inl.h), so both run here.
+void AllowNativeBf16Conversion(bool allow);
+
 // Every kernel of elu_grad_v2_kernels.inc.
 const std::vector<EluGradV2KernelEntry>& EluGradV2Kernels();
 // The kernel for a dtype pair and mode, or nullptr if none is compiled.
