@@ -170,6 +170,7 @@ void PrintMoePlan(const MoePlanOptions& o) {
   s.row_idx_type = static_cast<RowIdxType>(o.row_idx_type);
   s.group_list_type = static_cast<GroupListType>(ParseGroupListType(o.group_list_type));
   s.l = s.row_idx_type == RowIdxType::kGather ? s.m : s.batch * s.top_k;
+  if (o.threads < 0) throw CliError(fmt::format("--threads is {}, it must be >= 0", o.threads));
   MoeGradMachine machine = DetectMoeGradMachine(s);
   if (o.threads > 0) machine.threads = o.threads;
   std::printf("%s\n", MoeGradPlanToJson(MakeMoeGradPlan(s, machine)).c_str());
@@ -256,7 +257,9 @@ void RegisterMoeGradCommands(CommandSet& commands) {
   plan_cmd->add_option("--dtype", plan->dtype, "f32|f16|bf16");
   plan_cmd->add_option("--row-idx-type", plan->row_idx_type, "0 | 1");
   plan_cmd->add_option("--group-list-type", plan->group_list_type, "count | cumsum");
-  plan_cmd->add_option("--threads", plan->threads, "Threads");
+  plan_cmd->add_option("--threads", plan->threads,
+                       "Threads to plan for, any count (default: configured); the plan shows the "
+                       "units, their load_balance (max / mean units per thread) and the workspace");
   plan_cmd->callback([plan] { PrintMoePlan(*plan); });
 
   auto bench = std::make_shared<MoeBenchOptions>();

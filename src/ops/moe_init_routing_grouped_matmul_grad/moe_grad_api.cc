@@ -25,7 +25,7 @@ constexpr std::string_view kPhase2 = "gkMoeInitRoutingGroupedMatmulGrad";
 struct MoeGradWorkspace {
   float* ring;
   char* a_tiles;
-  float* b_tiles;
+  char* b_tiles;
   char* system;
   int64_t* group_offsets;
   int64_t* row_token;
@@ -48,7 +48,7 @@ class MoeGradExecutor final : public gkOpExecutor {
     const MoeGradLayout& l = plan_.layout;
     const auto at = [&](const MoeGradRegion& r) { return r.bytes ? base + r.offset : nullptr; };
     const MoeGradWorkspace ws{reinterpret_cast<float*>(at(l.matmul_out_ring)), at(l.a_tiles),
-           reinterpret_cast<float*>(at(l.b_tiles)), at(l.system),
+           at(l.b_tiles), at(l.system),
            reinterpret_cast<int64_t*>(at(l.group_offsets)),
            reinterpret_cast<int64_t*>(at(l.row_token)),
            reinterpret_cast<int64_t*>(at(l.chunk_starts)),
@@ -79,55 +79,113 @@ class MoeGradExecutor final : public gkOpExecutor {
   struct ThreadSlots {
     float* ring;
     char* a_tile;
-    float* b_tile;
-    void* scratchpad;
-    int64_t tiles_done;
+    char* b_tile;  // null unless MoeGradCopiesB
+    MoeTileGemm::Worker* gemm;
   };
 
   void RunThread(int32_t t, const MoeGradWorkspace& ws) const {
     const GemmSequentialScope sequential;
     const MoeGradPlan& p = plan_;
-    ThreadSlots slots{
-        ws.ring + t * p.parall_num * p.base_m * p.base_n,
-        ws.a_tiles + t * p.base_m * p.shape.n * ElementBytes(p.gemm_dtype),
-        ws.b_tiles ? ws.b_tiles + t * p.base_n * p.shape.n : nullptr,
-        ws.system ? ws.system + t * p.gemm_scratchpad_bytes : nullptr,
-        0};
-    for (int64_t unit = t; unit < p.units; unit += p.threads) RunUnit(unit, ws, slots);
+    const auto worker =
+        gemm_->MakeWorker(ws.system ? ws.system + t * p.gemm_scratchpad_bytes : nullptr);
+    ThreadSlots slots{ws.ring + t * p.parall_num * p.base_m * p.base_n,
+                      ws.a_tiles + t * p.base_m * p.base_k * ElementBytes(p.gemm_dtype),
+                      ws.b_tiles ? ws.b_tiles + t * p.base_n * p.base_k * ElementBytes(p.gemm_dtype)
+                                  : nullptr,
+                      worker.get()};
+    // The thread's units (round robin), run column block by column block: for each expert, the
+    // unit of every chunk in turn, so that the expert's weight block is read (float16: converted)
+    // once for all of them while in cache. Units own disjoint gradX elements and each still adds
+    // its terms in ascending expert and row, so the interleaving changes no sum.
+    for (int64_t block = 0; block < p.col_blocks; ++block) {
+      const auto mine = [&](int64_t chunk) { return (chunk * p.col_blocks + block) % p.threads == t; };
+      bool any = false;
+      for (int64_t chunk = 0; chunk < p.token_chunks; ++chunk) {
+        if (mine(chunk)) ZeroUnit(chunk, block), any = true;
+      }
+      if (!any) continue;
+      for (int64_t g = 0; g < p.shape.g; ++g) {
+        bool b_converted = false;
+        for (int64_t chunk = 0; chunk < p.token_chunks; ++chunk) {
+          if (mine(chunk)) RunExpert(chunk, block, g, b_converted, ws, slots);
+        }
+      }
+    }
   }
 
-  // One unit: tokens [token_begin, token_end) x gradX columns [col0, col0 + cols).
-  void RunUnit(int64_t unit, const MoeGradWorkspace& ws, ThreadSlots& slots) const {
+  int64_t BlockCols(int64_t block) const {
+    return block == plan_.col_blocks - 1 ? plan_.last_block_cols : plan_.base_n;
+  }
+
+  void ZeroUnit(int64_t chunk, int64_t block) const {
     const MoeGradPlan& p = plan_;
-    const MoeGradShape& s = p.shape;
-    const int64_t chunk = unit / p.col_blocks, block = unit % p.col_blocks;
-    const int64_t col0 = block * p.base_n;
-    const int64_t cols = block == p.col_blocks - 1 ? p.last_block_cols : p.base_n;
     const int64_t token_begin = chunk * p.tokens_per_chunk;
-    const int64_t token_end = std::min(s.batch, token_begin + p.tokens_per_chunk);
+    const int64_t token_end = std::min(p.shape.batch, token_begin + p.tokens_per_chunk);
     float* dx = reinterpret_cast<float*>(Base(dx_));
     for (int64_t b = token_begin; b < token_end; ++b) {
-      std::memset(dx + b * s.k + col0, 0, static_cast<size_t>(cols) * sizeof(float));
+      std::memset(dx + b * p.shape.k + block * p.base_n, 0,
+                  static_cast<size_t>(BlockCols(block)) * sizeof(float));
     }
+  }
+
+  // Expert g's share of one unit: its rows of the chunk x the block's gradX columns.
+  // b_converted: the float16 weight block of (block, g) is already in the B tile (one k-block).
+  void RunExpert(int64_t chunk, int64_t block, int64_t g, bool& b_converted,
+                 const MoeGradWorkspace& ws, ThreadSlots& slots) const {
+    const MoeGradPlan& p = plan_;
+    const MoeGradShape& s = p.shape;
+    const int64_t col0 = block * p.base_n;
+    const int64_t cols = BlockCols(block);
+    float* dx = reinterpret_cast<float*>(Base(dx_));
     const int64_t elem = ElementBytes(s.dtype);
-    for (int64_t g = 0; g < s.g; ++g) {
-      int64_t begin, end;  // positions in the chunk's row list (or rows, with one chunk)
-      if (p.token_chunks > 1) {
-        begin = ws.chunk_starts[chunk * s.g + g];
-        end = ws.chunk_starts[chunk * s.g + g + 1];
-      } else {
-        begin = ws.group_offsets[g];
-        end = ws.group_offsets[g + 1];
+    const int64_t group_rows = p.parall_num * p.base_m;
+    int64_t begin, end;  // positions in the chunk's row list (or rows, with one chunk)
+    if (p.token_chunks > 1) {
+      begin = ws.chunk_starts[chunk * s.g + g];
+      end = ws.chunk_starts[chunk * s.g + g + 1];
+    } else {
+      begin = ws.group_offsets[g];
+      end = ws.group_offsets[g + 1];
+    }
+    const char* weight_block = Base(w_) + (g * s.k + col0) * s.n * elem;
+    // Up to parall_num tiles at a time: each k-block of the weights is copied (float16:
+    // converted) once for all of them, and their sums stay in the ring until the last k-block.
+    for (int64_t g0 = begin; g0 < end; g0 += group_rows) {
+      const int64_t g1 = std::min(end, g0 + group_rows);
+      for (int64_t kb = 0; kb < p.k_blocks; ++kb) {
+        const int64_t k0 = kb * p.base_k;
+        const int64_t reduce = kb == p.k_blocks - 1 ? p.last_k : p.base_k;
+        const void* b = weight_block + k0 * elem;
+        if (slots.b_tile != nullptr) {
+          if (!(b_converted && p.k_blocks == 1)) {
+            for (int64_t c = 0; c < cols; ++c) {
+              const char* source = weight_block + (c * s.n + k0) * elem;
+              if (s.dtype == DType::kF16) {
+                MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(source),
+                                   reinterpret_cast<float*>(slots.b_tile) + c * p.base_k, reduce);
+              } else {
+                std::memcpy(slots.b_tile + c * p.base_k * elem, source,
+                            static_cast<size_t>(reduce * elem));
+              }
+            }
+            b_converted = true;
+          }
+          b = slots.b_tile;
+        }
+        int64_t slot = 0;
+        for (int64_t r0 = g0; r0 < g1; r0 += p.base_m, ++slot) {
+          RunTile(r0, std::min(p.base_m, g1 - r0), k0, reduce, kb > 0, b, cols,
+                  slots.ring + slot * p.base_m * p.base_n, ws, slots);
+        }
       }
-      if (begin == end) continue;  // an empty expert, or none of its rows in this chunk
-      const void* weight_block = Base(w_) + (g * s.k + col0) * s.n * elem;
-      if (s.dtype == DType::kF16) {
-        MoeConvertF16ToF32(static_cast<const uint16_t*>(weight_block), slots.b_tile, cols * s.n);
-        weight_block = slots.b_tile;
-      }
-      for (int64_t r0 = begin; r0 < end; r0 += p.base_m) {
-        const int64_t rows = std::min(p.base_m, end - r0);
-        RunTile(r0, rows, weight_block, col0, cols, ws, slots);
+      int64_t slot = 0;
+      for (int64_t r0 = g0; r0 < g1; r0 += p.base_m, ++slot) {
+        const float* tile = slots.ring + slot * p.base_m * p.base_n;
+        const int64_t rows = std::min(p.base_m, g1 - r0);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t token = ws.row_token[RowAt(ws, r0 + r)];
+          MoeAddRowF32(dx + token * s.k + col0, tile + r * p.base_n, cols);
+        }
       }
     }
   }
@@ -136,42 +194,41 @@ class MoeGradExecutor final : public gkOpExecutor {
     return plan_.token_chunks > 1 ? ws.chunk_rows[position] : position;
   }
 
-  // One GEMM tile into the next ring slot, then its rows added into gradX while still hot.
-  void RunTile(int64_t position, int64_t rows, const void* weight_block, int64_t col0,
-               int64_t cols, const MoeGradWorkspace& ws, ThreadSlots& slots) const {
+  // One GEMM of a tile's k-block into its ring slot (the first k-block writes, the rest add).
+  void RunTile(int64_t position, int64_t rows, int64_t k0, int64_t reduce, bool accumulate,
+               const void* b, int64_t cols, float* tile, const MoeGradWorkspace& ws,
+               ThreadSlots& slots) const {
     const MoeGradPlan& p = plan_;
     const MoeGradShape& s = p.shape;
     const int64_t elem = ElementBytes(s.dtype);
     const int64_t padded_rows = (rows + p.row_granule - 1) / p.row_granule * p.row_granule;
     const int64_t first_row = RowAt(ws, position);
-    const bool in_place = s.dtype != DType::kF16 && padded_rows == rows &&
+    // Consecutive rows of gradY are read where they are, unless the reduction is cut into
+    // k-blocks (the GEMM takes a dense A only, see moe_grad_gemm.h) or float16 (converted).
+    const bool in_place = s.dtype != DType::kF16 && p.k_blocks == 1 && padded_rows == rows &&
                           RowAt(ws, position + rows - 1) - first_row == rows - 1;
     const void* a;
     if (in_place) {
-      a = Base(dy_) + first_row * s.n * elem;  // consecutive rows of gradY, read where they are
+      a = Base(dy_) + first_row * s.n * elem;
     } else {
       const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
       for (int64_t r = 0; r < rows; ++r) {
-        const char* source = Base(dy_) + RowAt(ws, position + r) * s.n * elem;
-        char* target = slots.a_tile + r * s.n * gemm_elem;
+        const char* source = Base(dy_) + (RowAt(ws, position + r) * s.n + k0) * elem;
+        char* target = slots.a_tile + r * p.base_k * gemm_elem;
         if (s.dtype == DType::kF16) {
           MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(source),
-                             reinterpret_cast<float*>(target), s.n);
+                             reinterpret_cast<float*>(target), reduce);
         } else {
-          std::memcpy(target, source, static_cast<size_t>(s.n * elem));
+          std::memcpy(target, source, static_cast<size_t>(reduce * elem));
         }
       }
-      std::memset(slots.a_tile + rows * s.n * gemm_elem, 0,
-                  static_cast<size_t>((padded_rows - rows) * s.n * gemm_elem));
+      for (int64_t r = rows; r < padded_rows; ++r) {
+        std::memset(slots.a_tile + r * p.base_k * gemm_elem, 0,
+                    static_cast<size_t>(reduce * gemm_elem));
+      }
       a = slots.a_tile;
     }
-    float* tile = slots.ring + (slots.tiles_done++ % p.parall_num) * p.base_m * p.base_n;
-    gemm_->Run(padded_rows, cols, a, weight_block, tile, slots.scratchpad);
-    float* dx = reinterpret_cast<float*>(Base(dx_));
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t token = ws.row_token[RowAt(ws, position + r)];
-      MoeAddRowF32(dx + token * s.k + col0, tile + r * p.base_n, cols);
-    }
+    slots.gemm->Run(padded_rows, cols, reduce, accumulate, a, b, tile);
   }
 
   MoeGradPlan plan_;
@@ -203,8 +260,10 @@ extern "C" gkStatus gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
                            group_list_type, gradX};
     MoeGradShape shape{};
     GK_RETURN_IF_ERROR(CheckMoeGrad(kPhase1, args, &shape));
-    auto gemm = MoeTileGemm::Create(MoeGradTileGemmShape(shape));
-    const MoeGradMachine machine{ConfiguredThreads(), gemm->scratchpad_bytes(), gemm->name()};
+    const MoeTileGemmShape gemm_shape = MoeGradTileGemmShape(shape);
+    auto gemm = MoeTileGemm::Create(gemm_shape);
+    MoeGradMachine machine{ConfiguredThreads(), gemm->scratchpad_bytes(), gemm->name(), {}};
+    for (int64_t width : gemm_shape.widths) machine.gemm_impls.emplace_back(width, gemm->impl(width));
     const MoeGradPlan plan = MakeMoeGradPlan(shape, machine);
     *executor = new MoeGradExecutor(plan, std::move(gemm), *gradY, *weight, *expandedRowIdx,
                                     *groupList, *gradX);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "core/executor.h"
 #include "core/thread_pool.h"
@@ -34,27 +35,161 @@ uint64_t Bytes(int64_t elems, int64_t elem_bytes) {
 
 }  // namespace
 
+double MoeGradLoadBalance(int64_t units, int32_t threads) {
+  if (units <= 0 || threads <= 0) return 1.0;
+  const double mean = static_cast<double>(units) / threads;
+  return static_cast<double>(CeilDiv(units, threads)) / mean;
+}
+
+double MoeGradPlan::LoadBalance(int32_t t) const { return MoeGradLoadBalance(units, t); }
+
+namespace {
+
+// The reduction cut into equal k-blocks of at most `most` columns where N allows (one GEMM
+// shape for every k-block), multiples of 16 preferred; otherwise the last k-block is shorter.
+void ChooseKBlocks(int64_t n, int64_t most, MoeGradTiles& t) {
+  const int64_t fewest = CeilDiv(n, std::max<int64_t>(most, 16));
+  t.k_blocks = fewest;
+  for (int64_t k = fewest; k <= 2 * fewest && fewest > 1; ++k) {
+    if (n % k == 0 && (n / k) % 16 == 0) {
+      t.k_blocks = k;
+      break;
+    }
+  }
+  t.base_k = CeilDiv(n, t.k_blocks);
+  if (t.k_blocks > 1 && n % t.k_blocks != 0) t.base_k = CeilDiv(t.base_k, 16) * 16;
+  t.k_blocks = CeilDiv(n, t.base_k);
+  t.last_k = n - (t.k_blocks - 1) * t.base_k;
+}
+
+// Estimated cost of a unit split, in float operations: padded GEMM rows plus the operand bytes
+// each unit reads (thin chunks re-read the weights, thin column blocks re-read gradY), weighted
+// by how many operations a thread of a large machine does per byte of its share of memory
+// bandwidth. Summed over 1, 2, 4, ... threads, each machine's cost counts its idle threads.
+struct SplitCost {
+  double total;      // summed over the machines
+  double balance;    // the worst balance of the two largest machines
+};
+SplitCost EstimateSplit(const MoeGradShape& s, DType gemm_dtype, int64_t base_n, int64_t chunks,
+                        int32_t largest) {
+  const int64_t blocks = CeilDiv(s.k, base_n);
+  const int64_t units = chunks * blocks;
+  const double rows = static_cast<double>(s.m) / static_cast<double>(chunks);  // per chunk
+  const double experts = std::max(1.0, std::min(static_cast<double>(s.g), rows));
+  const double per_expert = rows / experts;
+  // Tail tiles are padded to the granule: half a granule per expert and chunk, expected.
+  const double padded = experts * std::max<double>(kMoeGradRowGranule,
+                                                   per_expert + kMoeGradRowGranule / 2.0);
+  const double width = static_cast<double>(s.k) / static_cast<double>(blocks);
+  const double n = static_cast<double>(s.n);
+  const double elem = static_cast<double>(ElementBytes(s.dtype));
+  const double flop_per_byte = gemm_dtype == DType::kBF16 ? 64.0 : 16.0;
+  const double unit = 2.0 * padded * width * n + flop_per_byte * (experts * width * n + rows * n) * elem;
+  SplitCost cost{0.0, 1.0};
+  for (int32_t t = 1; t <= largest; t *= 2) {
+    cost.total += static_cast<double>(CeilDiv(units, t) * t) * unit;
+  }
+  for (int32_t t : {largest, std::max(1, largest / 2)}) {
+    // A machine with idle threads is not balanced, however close the ratio.
+    cost.balance = std::max(cost.balance, units < t ? 2.0 * kMoeGradMaxImbalance
+                                                    : MoeGradLoadBalance(units, t));
+  }
+  return cost;
+}
+
+}  // namespace
+
 MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape) {
-  MoeGradTiles tiles;
+  MoeGradTiles tiles{};
   tiles.gemm_dtype = shape.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
   // As the seed: base = min(best, extent), the row tile rounded up to the padding granule.
   const int64_t rows = CeilDiv(std::max<int64_t>(shape.m, 1), kMoeGradRowGranule) * kMoeGradRowGranule;
   tiles.base_m = std::min(kMoeGradBestBaseM, rows);
-  tiles.base_n = std::min(kMoeGradBestBaseN, shape.k);
-  tiles.last_block_cols = shape.k - (CeilDiv(shape.k, tiles.base_n) - 1) * tiles.base_n;
+
+  // k-blocks: a thread's A tile, the library's packed B and (when copied) its B tile stay
+  // within kMoeGradThreadOperandBytes, whatever N. The whole reduction in one call when it fits
+  // (gradY rows are then read in place); else k-blocks, whose B is always copied.
+  const uint64_t gemm_elem = static_cast<uint64_t>(ElementBytes(tiles.gemm_dtype));
+  const uint64_t a_and_packed = static_cast<uint64_t>(kMoeGradBestBaseM + kMoeGradBestBaseN) * gemm_elem;
+  const uint64_t copied_b = kMoeGradBestBaseN * gemm_elem;
+  const uint64_t whole = (a_and_packed + (shape.dtype == DType::kF16 ? copied_b : 0)) *
+                         static_cast<uint64_t>(shape.n);
+  ChooseKBlocks(shape.n,
+                whole <= kMoeGradThreadOperandBytes
+                    ? shape.n
+                    : static_cast<int64_t>(kMoeGradThreadOperandBytes / (a_and_packed + copied_b)),
+                tiles);
+
+  // Units: the machine size the work is worth (each thread at least kMoeGradMinThreadFlop),
+  // at most kMoeGradPlannedThreads; then the cheapest (width, chunks) by EstimateSplit, among
+  // those balanced within kMoeGradMaxImbalance on that machine and half of it when any is.
+  const double flop = 2.0 * static_cast<double>(shape.m) * static_cast<double>(shape.n) *
+                      static_cast<double>(shape.k);
+  int32_t largest = 1;
+  while (largest < kMoeGradPlannedThreads &&
+         flop / (2.0 * largest) >= static_cast<double>(kMoeGradMinThreadFlop)) {
+    largest *= 2;
+  }
+  // Chunks keep, on average, at least one row granule of each expert's rows.
+  const int64_t max_chunks = std::clamp<int64_t>(
+      shape.m / (kMoeGradRowGranule * std::max<int64_t>(shape.g, 1)), 1, std::max<int64_t>(shape.batch, 1));
+  struct Best {
+    bool balanced;
+    double total;
+    int64_t base_n, chunks;
+  };
+  std::optional<Best> best;
+  for (int64_t width = kMoeGradBestBaseN; width >= kMoeGradMinBaseN; width /= 2) {
+    const int64_t base_n = std::min(width, shape.k);
+    if (base_n != width && width != kMoeGradBestBaseN) continue;  // K narrower than width: once
+    for (int64_t chunks = 1; chunks <= max_chunks; ++chunks) {
+      const int64_t per_chunk = CeilDiv(std::max<int64_t>(shape.batch, 1), chunks);
+      if (CeilDiv(std::max<int64_t>(shape.batch, 1), per_chunk) != chunks) continue;  // same split
+      const SplitCost cost = EstimateSplit(shape, tiles.gemm_dtype, base_n, chunks, largest);
+      const Best candidate{cost.balance <= kMoeGradMaxImbalance, cost.total, base_n, chunks};
+      if (!best || (candidate.balanced && !best->balanced) ||
+          (candidate.balanced == best->balanced && candidate.total < best->total)) {
+        best = candidate;
+      }
+    }
+  }
+  tiles.base_n = best->base_n;
+  tiles.col_blocks = CeilDiv(shape.k, tiles.base_n);
+  tiles.last_block_cols = shape.k - (tiles.col_blocks - 1) * tiles.base_n;
+  tiles.tokens_per_chunk = CeilDiv(std::max<int64_t>(shape.batch, 1), best->chunks);
+  tiles.token_chunks = CeilDiv(std::max<int64_t>(shape.batch, 1), tiles.tokens_per_chunk);
   return tiles;
 }
 
+bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles) {
+  return shape.dtype == DType::kF16 || tiles.k_blocks > 1;
+}
+
 MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape) {
-  const MoeGradTiles tiles = ChooseMoeGradTiles(shape);
-  std::vector<int64_t> widths{tiles.base_n};
-  if (tiles.last_block_cols != tiles.base_n) widths.push_back(tiles.last_block_cols);
-  return {tiles.gemm_dtype, shape.n, tiles.base_m, kMoeGradRowGranule, tiles.base_n, widths};
+  const MoeGradTiles t = ChooseMoeGradTiles(shape);
+  MoeTileGemmShape g;
+  g.gemm_dtype = t.gemm_dtype;
+  g.max_rows = t.base_m;
+  g.row_granule = kMoeGradRowGranule;
+  g.ldc = t.base_n;
+  g.ldb = MoeGradCopiesB(shape, t) ? t.base_k : shape.n;
+  g.widths = {t.base_n};
+  if (t.last_block_cols != t.base_n) g.widths.push_back(t.last_block_cols);
+  g.lda = t.base_k;
+  g.steps = {{t.base_k, false}};
+  if (t.k_blocks > 1) {
+    if (t.k_blocks > 2 || t.last_k == t.base_k) g.steps.push_back({t.base_k, true});
+    if (t.last_k != t.base_k) g.steps.push_back({t.last_k, true});
+  }
+  return g;
 }
 
 MoeGradMachine DetectMoeGradMachine(const MoeGradShape& shape) {
-  const auto gemm = MoeTileGemm::Create(MoeGradTileGemmShape(shape));
-  return {ConfiguredThreads(), gemm->scratchpad_bytes(), gemm->name()};
+  const MoeTileGemmShape gemm_shape = MoeGradTileGemmShape(shape);
+  const auto gemm = MoeTileGemm::Create(gemm_shape);
+  MoeGradMachine machine{ConfiguredThreads(), gemm->scratchpad_bytes(), gemm->name(), {}};
+  for (int64_t width : gemm_shape.widths) machine.gemm_impls.emplace_back(width, gemm->impl(width));
+  return machine;
 }
 
 MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& machine) {
@@ -63,33 +198,34 @@ MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& mac
   const MoeGradTiles tiles = ChooseMoeGradTiles(shape);
   p.gemm_dtype = tiles.gemm_dtype;
   p.gemm_backend = machine.gemm_backend;
+  p.gemm_impls = machine.gemm_impls;
   p.base_m = tiles.base_m;
   p.base_n = tiles.base_n;
-  p.base_k = shape.n;
+  p.base_k = tiles.base_k;
+  p.k_blocks = tiles.k_blocks;
+  p.last_k = tiles.last_k;
   p.row_granule = kMoeGradRowGranule;
   p.parall_num = kMoeGradParallNum;
-  p.col_blocks = CeilDiv(shape.k, p.base_n);
+  p.col_blocks = tiles.col_blocks;
   p.last_block_cols = tiles.last_block_cols;
-
-  // Token chunks: a function of the shapes only, so that every GEMM call is the same whatever
-  // the thread count. Enough units to share out, but chunks thick enough that each expert's
-  // rows in a chunk still fill GEMM tiles.
-  const int64_t wanted = CeilDiv(kMoeGradTargetUnits, p.col_blocks);
-  const int64_t thickest = std::max<int64_t>(1, shape.m / (kMoeGradMinRowsPerExpertChunk * shape.g));
-  const int64_t chunks = std::clamp<int64_t>(std::min(wanted, thickest), 1, shape.batch);
-  p.tokens_per_chunk = CeilDiv(shape.batch, chunks);
-  p.token_chunks = CeilDiv(shape.batch, p.tokens_per_chunk);
+  p.tokens_per_chunk = tiles.tokens_per_chunk;
+  p.token_chunks = tiles.token_chunks;
   p.units = p.token_chunks * p.col_blocks;
+  p.machine_threads = std::max<int32_t>(machine.threads, 1);
   p.threads = static_cast<int32_t>(std::clamp<int64_t>(machine.threads, 1, p.units));
   p.gemm_scratchpad_bytes = AlignUp(machine.gemm_scratchpad_bytes, kMoeGradAlignment);
 
   const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
   const int64_t t = p.threads;
+  const uint64_t ring = Bytes(p.parall_num * p.base_m * p.base_n, 4);
+  const uint64_t a_tile = Bytes(p.base_m * p.base_k, gemm_elem);
+  const uint64_t b_tile = MoeGradCopiesB(shape, tiles) ? Bytes(p.base_n * p.base_k, gemm_elem) : 0;
+  p.thread_bytes = ring + a_tile + b_tile + p.gemm_scratchpad_bytes;
   LayoutBuilder b;
   MoeGradLayout& l = p.layout;
-  l.matmul_out_ring = b.Add(Bytes(t * p.parall_num * p.base_m * p.base_n, 4));
-  l.a_tiles = b.Add(Bytes(t * p.base_m * shape.n, gemm_elem));
-  l.b_tiles = b.Add(shape.dtype == DType::kF16 ? Bytes(t * p.base_n * shape.n, 4) : 0);
+  l.matmul_out_ring = b.Add(t * ring);
+  l.a_tiles = b.Add(t * a_tile);
+  l.b_tiles = b.Add(t * b_tile);
   l.system = b.Add(static_cast<uint64_t>(t) * p.gemm_scratchpad_bytes);
   l.group_offsets = b.Add(Bytes(shape.g + 1, 8));
   l.row_token = b.Add(Bytes(shape.m, 8));
@@ -106,23 +242,29 @@ std::string MoeGradPlanToJson(const MoeGradPlan& p) {
   };
   const MoeGradShape& s = p.shape;
   const MoeGradLayout& l = p.layout;
+  std::string impls;
+  for (const auto& [width, impl] : p.gemm_impls) {
+    impls += fmt::format("{}\"{}\": \"{}\"", impls.empty() ? "" : ", ", width, impl);
+  }
   return fmt::format(
       "{{\"op\": \"moe_init_routing_grouped_matmul_grad\", \"dtype\": \"{}\", "
-      "\"gemm_dtype\": \"{}\", \"gemm_backend\": \"{}\", "
+      "\"gemm_dtype\": \"{}\", \"gemm_backend\": \"{}\", \"gemm_impl\": {{{}}}, "
       "\"shape\": {{\"M\": {}, \"N\": {}, \"K\": {}, \"G\": {}, \"L\": {}, \"batch\": {}, "
       "\"topK\": {}}}, \"row_idx_type\": \"{}\", \"group_list_type\": \"{}\", "
-      "\"base_m\": {}, \"base_n\": {}, \"base_k\": {}, \"row_granule\": {}, \"parall_num\": {}, "
-      "\"threads\": {}, \"work_split\": {{\"col_blocks\": {}, \"last_block_cols\": {}, "
+      "\"base_m\": {}, \"base_n\": {}, \"base_k\": {}, \"k_blocks\": {}, \"last_k\": {}, "
+      "\"row_granule\": {}, \"parall_num\": {}, "
+      "\"threads\": {}, \"machine_threads\": {}, \"work_split\": {{\"col_blocks\": {}, \"last_block_cols\": {}, "
       "\"token_chunks\": {}, \"tokens_per_chunk\": {}, \"units\": {}, \"order\": "
-      "\"round_robin\", \"units_per_thread_max\": {}}}, "
+      "\"round_robin\", \"planned_for_threads\": {}, \"units_per_thread_max\": {}, "
+      "\"load_balance\": {:.3f}}}, \"thread_bytes\": {}, "
       "\"workspace\": {{\"alignment\": {}, \"matmul_out_ring\": {}, \"a_tiles\": {}, "
       "\"b_tiles\": {}, \"system\": {}, \"group_offsets\": {}, \"row_token\": {}, "
       "\"chunk_starts\": {}, \"chunk_rows\": {}, \"end\": {}}}, \"workspace_bytes\": {}, "
       "\"unfused_bytes\": {}}}",
-      DTypeName(s.dtype), DTypeName(p.gemm_dtype), p.gemm_backend, s.m, s.n, s.k, s.g, s.l,
+      DTypeName(s.dtype), DTypeName(p.gemm_dtype), p.gemm_backend, impls, s.m, s.n, s.k, s.g, s.l,
       s.batch, s.top_k, RowIdxTypeName(s.row_idx_type), GroupListTypeName(s.group_list_type),
-      p.base_m, p.base_n, p.base_k, p.row_granule, p.parall_num, p.threads, p.col_blocks,
-      p.last_block_cols, p.token_chunks, p.tokens_per_chunk, p.units, p.UnitsOfThread(0),
+      p.base_m, p.base_n, p.base_k, p.k_blocks, p.last_k, p.row_granule, p.parall_num, p.threads, p.machine_threads, p.col_blocks,
+      p.last_block_cols, p.token_chunks, p.tokens_per_chunk, p.units, kMoeGradPlannedThreads, p.UnitsOfThread(0), p.LoadBalance(p.machine_threads), p.thread_bytes,
       kMoeGradAlignment, region(l.matmul_out_ring), region(l.a_tiles), region(l.b_tiles),
       region(l.system), region(l.group_offsets), region(l.row_token), region(l.chunk_starts),
       region(l.chunk_rows), l.end, p.workspace_bytes,

@@ -3,19 +3,28 @@
 //
 // The work: gradX is cut into units, (token chunk) x (block of base_n gradX columns). A unit
 // owns its gradX elements outright: it zeroes them, then for each expert g in ascending order
-// and each tile of at most base_m of the chunk's rows of g (ascending), runs one GEMM
-//   tile[rows, base_n] = gradY[rows, :N] * weight[g, cols, :N]^T        (fp32 out)
-// into the next slot of its thread's matmul-out ring, and adds the tile's rows into gradX
-// right away, while the tile is still in cache. No [M, K] buffer exists.
+// and each group of at most parall_num tiles of at most base_m of the chunk's rows of g, runs
+// for each k-block kb of base_k reduction columns, in ascending order, one GEMM per tile
+//   tile[rows, cols] (+)= gradY[rows, kb] * weight[g, cols, kb]^T        (fp32, first kb writes)
+// into the tile's slot of its thread's matmul-out ring, then adds the tiles' rows into gradX
+// while they are still in cache. No [M, K] buffer exists, and no per-thread buffer grows with N.
 //
-// Determinism by construction: units, tiles and GEMM shapes depend on the data only, never on
-// the thread count (chunking is a function of the shapes), each GEMM runs single-threaded, and
-// every gradX element receives its terms in ascending expanded row. Threads only decide which
-// unit runs where (round robin, the seed's curr_abs_block_num = coreIdx, += coreNum).
+// Determinism by construction: units, tiles, k-blocks and GEMM shapes depend on the shape only,
+// never on the thread count, each GEMM runs single-threaded, and every gradX element receives
+// its terms in ascending expanded row. Threads only decide which unit runs where (round robin,
+// the seed's curr_abs_block_num = coreIdx, += coreNum); a thread runs its units column block by
+// column block, expert by expert across its chunks, which reorders whole units only.
+//
+// Units are planned for kMoeGradPlannedThreads threads whatever machine runs them: the column
+// width and the token chunks are chosen by an estimate of the time on 1, 2, 4, ... up to that many
+// threads (padded GEMM rows plus the operand traffic that thin units repeat), so one split serves
+// this 2-core machine and a 128-core one alike.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/dtype.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
@@ -25,18 +34,23 @@ namespace gk {
 
 // Tile sizes (the seed's BEST_BASE_M / BEST_BASE_N), measured on Sapphire Rapids with oneDNN.
 inline constexpr int64_t kMoeGradBestBaseM = 256;     // rows per GEMM tile
-inline constexpr int64_t kMoeGradBestBaseN = 256;     // gradX columns per tile (the seed's n = dk)
+inline constexpr int64_t kMoeGradBestBaseN = 256;     // widest gradX column block (the seed's n = dk)
+inline constexpr int64_t kMoeGradMinBaseN = 32;       // narrowest one the work split may choose
 inline constexpr int64_t kMoeGradRowGranule = 16;     // tail tiles are zero-padded to this
 inline constexpr int64_t kMoeGradParallNum = 2;       // ring slots per thread (the seed's CV_PARALL_NUM)
-inline constexpr int64_t kMoeGradTargetUnits = 16;    // split tokens until this many units...
-inline constexpr int64_t kMoeGradMinRowsPerExpertChunk = 256;  // ...unless chunks get this thin
+inline constexpr int32_t kMoeGradPlannedThreads = 128;  // the largest machine a split is made for
+inline constexpr double kMoeGradMaxImbalance = 1.15;  // max over mean units per thread, wanted
+inline constexpr uint64_t kMoeGradMinThreadFlop = uint64_t{1} << 27;  // work worth another thread
+// Per-thread bytes of GEMM operands (A tile, B copies) per k-block: bounds base_k.
+inline constexpr uint64_t kMoeGradThreadOperandBytes = 3u << 20;
 inline constexpr uint64_t kMoeGradAlignment = 512;    // every workspace region starts aligned
 
 // The machine's share of the decision.
 struct MoeGradMachine {
   int32_t threads;
   uint64_t gemm_scratchpad_bytes;  // the GEMM library's per-thread scratch (the seed's system area)
-  std::string gemm_backend;        // e.g. "onednn brg:avx512_core_amx_bf16"
+  std::string gemm_backend;        // the library, e.g. "onednn"
+  std::vector<std::pair<int64_t, std::string>> gemm_impls;  // per column width: its implementation
 };
 
 struct MoeGradRegion {
@@ -49,8 +63,8 @@ struct MoeGradRegion {
 // sizes only; the index tables scale with M and G (8 bytes per entry).
 struct MoeGradLayout {
   MoeGradRegion matmul_out_ring;      // threads x parall_num x [base_m, base_n] float32
-  MoeGradRegion a_tiles;              // threads x [base_m, N] gemm dtype: gathered / padded gradY rows
-  MoeGradRegion b_tiles;              // threads x [base_n, N] float32: weight block (float16 only)
+  MoeGradRegion a_tiles;              // threads x [base_m, base_k] gemm dtype: gathered / padded gradY
+  MoeGradRegion b_tiles;              // threads x [base_n, base_k] gemm dtype: weight k-block (MoeGradCopiesB)
   MoeGradRegion system;               // threads x gemm_scratchpad_bytes (the GEMM library's scratch)
   MoeGradRegion group_offsets;        // G + 1 int64: expert g owns rows [off[g], off[g + 1])
   MoeGradRegion row_token;            // M int64: token of each expanded row (inverse permutation)
@@ -64,22 +78,29 @@ struct MoeGradPlan {
   MoeGradShape shape;
   DType gemm_dtype;           // float32 for float32 and float16 inputs, bfloat16 for bfloat16
   std::string gemm_backend;
+  std::vector<std::pair<int64_t, std::string>> gemm_impls;  // per column width
   int64_t base_m;             // rows per GEMM tile
   int64_t base_n;             // gradX columns per tile (last block: last_block_cols)
-  int64_t base_k;             // reduction length per GEMM call: all of N (blocked inside the library)
+  int64_t base_k;             // reduction length per GEMM call (last k-block: last_k)
+  int64_t k_blocks;           // ceil(N / base_k), summed in ascending order
+  int64_t last_k;             // N - (k_blocks - 1) * base_k
   int64_t row_granule;        // tail tiles rounded up to this many rows
-  int64_t parall_num;         // ring slots per thread
-  int32_t threads;
+  int64_t parall_num;         // ring slots per thread (tiles in flight per k-block pass)
+  int32_t threads;            // the machine's threads, at most one per unit
+  int32_t machine_threads;    // the machine's threads (load_balance counts idle ones)
   int64_t col_blocks;         // ceil(K / base_n)
   int64_t last_block_cols;    // K - (col_blocks - 1) * base_n
   int64_t token_chunks;
   int64_t tokens_per_chunk;   // the last chunk may hold fewer
   int64_t units;              // token_chunks * col_blocks; unit u = (chunk u / col_blocks, block u % col_blocks)
   uint64_t gemm_scratchpad_bytes;
+  uint64_t thread_bytes;      // the workspace each thread owns (ring, A and B tiles, scratchpad)
   MoeGradLayout layout;
   uint64_t workspace_bytes;   // layout.end + kMoeGradAlignment (to align the caller's pointer)
 
   int64_t UnitsOfThread(int32_t t) const { return t < units % threads ? units / threads + 1 : units / threads; }
+  // Max over mean units per thread of the static schedule on `t` threads (idle threads count).
+  double LoadBalance(int32_t t) const;
   bool operator==(const MoeGradPlan&) const = default;
 };
 
@@ -87,13 +108,22 @@ MoeGradMachine DetectMoeGradMachine(const MoeGradShape& shape);  // threads + th
 MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& machine);
 std::string MoeGradPlanToJson(const MoeGradPlan& plan);
 
-// Tile sizes of a shape (what the GEMM library is asked to prepare): pure, shape-only.
+// The work split of a shape (what the GEMM library is asked to prepare): pure, shape-only.
 struct MoeGradTiles {
   DType gemm_dtype;
-  int64_t base_m, base_n, last_block_cols;
+  int64_t base_m, base_n, last_block_cols, col_blocks;
+  int64_t base_k, k_blocks, last_k;
+  int64_t token_chunks, tokens_per_chunk;
 };
 MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape);
+// Whether each k-block of a weight block is copied into the thread's B tile first: float16
+// weights are converted to float32 (the GEMM has no float16), and k-blocks of a longer reduction
+// are made dense ([base_n, base_k]), the layout oneDNN's brgemm takes without falling back to
+// its slower gemm:jit for a strided B.
+bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles);
 // The tile GEMM shapes of a problem (see cpu/moe_grad_gemm.h).
 MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape);
+// Max over mean units per thread when `units` are dealt round robin to `threads`.
+double MoeGradLoadBalance(int64_t units, int32_t threads);
 
 }  // namespace gk

@@ -3,6 +3,7 @@
 // determinism across runs and thread counts.
 #include <cstring>
 
+#include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_plan.h"
 #include "tests/ops/moe_init_routing_grouped_matmul_grad/moe_grad_test_util.h"
 
 namespace gk::testing {
@@ -139,14 +140,22 @@ TEST(moe_grad_api, GatherEntriesPastMAreIgnoredAndInt32IndicesWork) {
 }
 
 // Determinism: the same bytes on every run and for 1, 2, 3 and 4 threads, with random inputs
-// (where the order of float additions shows). One case has one token chunk, the other several.
+// (where the order of float additions shows). The cases cover one and several token chunks,
+// one and several k-blocks (checked against the plan, so that each path is the one tested).
 TEST(moe_grad_api, BitIdenticalAcrossRunsAndThreadCounts) {
-  const MoeCase cases[] = {{"one_chunk", 700, 4, 9, 600, 200, 0.9},
-                           {"three_chunks", 700, 4, 3, 600, 200, 0.9}};
+  const MoeCase cases[] = {{"one_chunk", 100, 4, 9, 600, 200, 0.9},
+                           {"chunks", 700, 4, 3, 600, 200, 0.9},
+                           {"chunks_and_k_blocks", 300, 4, 3, 160, 3200, 0.9}};
   for (const MoeCase& c : cases) {
     for (DType dtype : kDTypes) {
       SCOPED_TRACE(::testing::Message() << c.name << " " << DTypeName(dtype));
       const MoeInputs in = MakeMoeInputs(c, dtype, MoeValues::kRandom);
+      MoeGradShape shape{};
+      shape.m = in.routing.m, shape.n = c.n, shape.k = c.k, shape.g = c.g, shape.batch = c.batch;
+      shape.top_k = c.top_k, shape.dtype = dtype;
+      const MoeGradTiles tiles = ChooseMoeGradTiles(shape);
+      EXPECT_EQ(tiles.token_chunks > 1, c.name != "one_chunk");
+      EXPECT_EQ(tiles.k_blocks > 1, c.name == "chunks_and_k_blocks");
       MoeRunOptions o{1, GK_GROUP_LIST_COUNT};
       o.threads = 1;
       const auto reference = RunMoeGrad(in, o);

@@ -27,7 +27,7 @@ MoeGradShape Shape(int64_t batch, int64_t top_k, int64_t g, int64_t k, int64_t n
   return s;
 }
 
-MoeGradMachine Machine(int32_t threads) { return {threads, 4000, "test"}; }
+MoeGradMachine Machine(int32_t threads) { return {threads, 4000, "test", {}}; }
 
 std::vector<MoeGradRegion> Regions(const MoeGradLayout& l) {
   return {l.matmul_out_ring, l.a_tiles, l.b_tiles, l.system, l.group_offsets, l.row_token,
@@ -107,35 +107,60 @@ TEST(moe_grad_plan, WorkDoesNotDependOnThreads) {
 }
 
 TEST(moe_grad_plan, TokenChunks) {
-  // One column block and many rows: the tokens are split, each chunk thick enough.
+  // Few gradX columns and many rows: the tokens are split, each chunk keeps on average at least
+  // a row granule of every expert's rows.
   MoeGradPlan p = MakeMoeGradPlan(Shape(110592, 2, 60, 128, 256), Machine(2));
-  EXPECT_EQ(p.col_blocks, 1);
+  EXPECT_LE(p.col_blocks, 4);
   EXPECT_GT(p.token_chunks, 1);
-  EXPECT_LE(p.units, kMoeGradTargetUnits);
-  EXPECT_GE(221184 / p.token_chunks, kMoeGradMinRowsPerExpertChunk * 60 - 60);
+  EXPECT_GE(221184 / p.token_chunks, kMoeGradRowGranule * 60);
   EXPECT_GE(p.tokens_per_chunk * p.token_chunks, 110592);
   EXPECT_LT(p.tokens_per_chunk * (p.token_chunks - 1), 110592);
   EXPECT_GT(p.layout.chunk_rows.bytes, 0u);
-  // Many column blocks: no split.
-  p = MakeMoeGradPlan(Shape(1024, 8, 60, 7168, 2048), Machine(2));
+  // A problem too small to be worth a second thread: one unit per column block, whole tiles.
+  p = MakeMoeGradPlan(Shape(100, 2, 4, 600, 64), Machine(2));
   EXPECT_EQ(p.token_chunks, 1);
-  EXPECT_EQ(p.units, 28);
+  EXPECT_EQ(p.base_n, kMoeGradBestBaseN);
   EXPECT_EQ(p.layout.chunk_rows.bytes, 0u);
+}
+
+// The reduction is cut into k-blocks so that nothing a thread owns grows with N; they cover N
+// exactly, equal where N allows.
+TEST(moe_grad_plan, KBlocksBoundThreadMemory) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t n : {1, 256, 1408, 2048, 2100, 7168, 14336, 65536}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " N " << n);
+      const MoeGradPlan p = MakeMoeGradPlan(Shape(4096, 2, 8, 4096, n, dtype), Machine(4));
+      EXPECT_EQ((p.k_blocks - 1) * p.base_k + p.last_k, n);
+      EXPECT_GT(p.last_k, 0);
+      EXPECT_LE(p.last_k, p.base_k);
+      if (n % 16 == 0 && p.k_blocks > 1) {
+        EXPECT_EQ(p.last_k, p.base_k);
+      }
+      EXPECT_LE(p.thread_bytes - p.gemm_scratchpad_bytes, kMoeGradThreadOperandBytes);
+      EXPECT_EQ(p.layout.b_tiles.bytes > 0, dtype == DType::kF16 || p.k_blocks > 1);
+    }
+  }
+  EXPECT_EQ(MakeMoeGradPlan(Shape(4096, 2, 8, 4096, 14336, DType::kBF16), Machine(4)).base_k, 2048);
+  EXPECT_EQ(MakeMoeGradPlan(Shape(4096, 2, 8, 4096, 1408, DType::kBF16), Machine(4)).k_blocks, 1);
 }
 
 // Apart from the index tables (8 bytes per row), the workspace does not grow with M; nothing
 // of [M, K] size exists.
 TEST(moe_grad_plan, WorkspaceDoesNotGrowWithM) {
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    const MoeGradPlan small = MakeMoeGradPlan(Shape(4096, 2, 8, 2048, 1408, dtype), Machine(2));
-    const MoeGradPlan large = MakeMoeGradPlan(Shape(65536, 2, 8, 2048, 1408, dtype), Machine(2));
-    EXPECT_EQ(small.layout.matmul_out_ring, large.layout.matmul_out_ring);
-    EXPECT_EQ(small.layout.a_tiles.bytes, large.layout.a_tiles.bytes);
-    EXPECT_EQ(small.layout.b_tiles.bytes, large.layout.b_tiles.bytes);
-    EXPECT_EQ(small.layout.system.bytes, large.layout.system.bytes);
-    const uint64_t extra_rows = (65536 - 4096) * 2;
-    EXPECT_LE(large.workspace_bytes - small.workspace_bytes, 2 * 8 * extra_rows + 4 * 512);
-    EXPECT_LT(large.workspace_bytes, 131072u * 2048u * 4u / 16);
+    for (int64_t batch : {4096, 65536}) {
+      const MoeGradPlan p = MakeMoeGradPlan(Shape(batch, 2, 8, 2048, 1408, dtype), Machine(2));
+      const MoeGradLayout& l = p.layout;
+      const uint64_t per_thread = l.matmul_out_ring.bytes + l.a_tiles.bytes + l.b_tiles.bytes +
+                                  l.system.bytes;
+      EXPECT_EQ(per_thread, 2 * p.thread_bytes);
+      EXPECT_LE(p.thread_bytes, 4u << 20);
+      const uint64_t tables = l.group_offsets.bytes + l.row_token.bytes + l.chunk_starts.bytes +
+                              l.chunk_rows.bytes;
+      EXPECT_LE(tables, 2 * 8 * static_cast<uint64_t>(batch * 2) + 8 * (p.token_chunks * 8 + 10));
+      EXPECT_LE(p.workspace_bytes, per_thread + tables + 9 * 512);
+      EXPECT_LT(p.workspace_bytes, static_cast<uint64_t>(batch) * 2 * 2048 * 4 / 16);
+    }
   }
 }
 
@@ -155,11 +180,55 @@ TEST(moe_grad_plan, IssueShapesFitIn16MiB) {
   }
 }
 
+// The models the split is planned for, at 4096 tokens, on 64 and 128 threads, with the
+// machine's own GEMM library (its real scratchpad): every thread has work, the static schedule is
+// balanced within 1.15 (max over mean units per thread) and the workspace stays within 16 MiB
+// plus 4 MiB per thread. Both matmuls of the FFN: the first (d_x: K = hidden, N = FFN width) and
+// the second (d_h: K = FFN width, N = hidden).
+TEST(moe_grad_plan, ModelShapesOn64And128Threads) {
+  struct Model {
+    const char* name;
+    int64_t hidden, ffn, experts, top_k;
+  };
+  const Model models[] = {{"DeepSeek-V3", 7168, 2048, 256, 8},
+                          {"Qwen3-30B-A3B", 2048, 768, 128, 8},
+                          {"Mixtral-8x7B", 4096, 14336, 8, 2}};
+  for (const Model& m : models) {
+    for (bool first_matmul : {true, false}) {
+      for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+        const int64_t k = first_matmul ? m.hidden : m.ffn, n = first_matmul ? m.ffn : m.hidden;
+        const MoeGradShape s = Shape(4096, m.top_k, m.experts, k, n, dtype);
+        const MoeGradMachine detected = DetectMoeGradMachine(s);
+        for (int32_t threads : {64, 128}) {
+          SCOPED_TRACE(::testing::Message() << m.name << (first_matmul ? " d_x" : " d_h") << " "
+                                            << DTypeName(dtype) << " " << threads << " threads");
+          MoeGradMachine machine = detected;
+          machine.threads = threads;
+          const MoeGradPlan p = MakeMoeGradPlan(s, machine);
+          EXPECT_EQ(p.threads, threads) << MoeGradPlanToJson(p);
+          EXPECT_LE(p.LoadBalance(threads), kMoeGradMaxImbalance) << MoeGradPlanToJson(p);
+          EXPECT_LE(p.workspace_bytes, (16u << 20) + static_cast<uint64_t>(threads) * (4u << 20))
+              << MoeGradPlanToJson(p);
+        }
+      }
+    }
+  }
+}
+
+TEST(moe_grad_plan, LoadBalanceOfTheStaticSchedule) {
+  EXPECT_DOUBLE_EQ(MoeGradLoadBalance(128, 128), 1.0);
+  EXPECT_DOUBLE_EQ(MoeGradLoadBalance(128, 64), 1.0);
+  EXPECT_DOUBLE_EQ(MoeGradLoadBalance(224, 128), 2.0 / 1.75);
+  EXPECT_DOUBLE_EQ(MoeGradLoadBalance(3, 2), 2.0 / 1.5);
+  EXPECT_DOUBLE_EQ(MoeGradLoadBalance(64, 128), 2.0);  // half the threads idle
+}
+
 TEST(moe_grad_plan, JsonNamesEveryField) {
   const MoeGradPlan p = MakeMoeGradPlan(Shape(4096, 2, 8, 2048, 1408, DType::kBF16), Machine(2));
   const std::string json = MoeGradPlanToJson(p);
-  for (const char* key : {"\"base_m\": ", "\"base_n\": 256", "\"base_k\": 1408", "\"parall_num\": 2",
+  for (const char* key : {"\"base_m\": ", "\"base_n\": ", "\"base_k\": 1408", "\"parall_num\": 2",
                           "\"threads\": 2", "\"work_split\"", "\"token_chunks\"", "\"units\"",
+                          "\"load_balance\": ", "\"k_blocks\": ", "\"gemm_impl\": ", "\"thread_bytes\": ",
                           "\"matmul_out_ring\"", "\"row_token\"", "\"system\"", "\"alignment\": 512",
                           "\"workspace_bytes\"", "\"gemm_dtype\": \"bfloat16\""}) {
     EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;

@@ -3,13 +3,17 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <optional>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "core/thread_pool.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_kernels.h"
 
 #if defined(GRADKIT_HAVE_DNNL)
-#include <oneapi/dnnl/dnnl.hpp>
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_dnnl.h"
 #if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
 #include <omp.h>
 #define GK_DNNL_OMP 1
@@ -23,11 +27,24 @@ namespace {
 class OwnTileGemm final : public MoeTileGemm {
  public:
   explicit OwnTileGemm(const MoeTileGemmShape& shape) : shape_(shape) {}
-  std::string name() const override { return "gradkit highway"; }
+  std::string name() const override { return "gradkit"; }
+  std::string impl(int64_t) const override { return "highway"; }
   uint64_t scratchpad_bytes() const override { return 0; }
-  void Run(int64_t rows, int64_t width, const void* a, const void* b, float* c,
-           void*) const override {
-    MoeGemmTileOwn(shape_.gemm_dtype, rows, width, shape_.reduce, a, b, c, shape_.ldc);
+
+  class OwnWorker final : public Worker {
+   public:
+    explicit OwnWorker(const MoeTileGemmShape& shape) : shape_(shape) {}
+    void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
+             const void* b, float* c) override {
+      MoeGemmTileOwn(shape_.gemm_dtype, rows, width, reduce, a, shape_.lda, b, shape_.ldb, c,
+                     shape_.ldc, accumulate);
+    }
+
+   private:
+    const MoeTileGemmShape& shape_;
+  };
+  std::unique_ptr<Worker> MakeWorker(void*) const override {
+    return std::make_unique<OwnWorker>(shape_);
   }
 
  private:
@@ -45,7 +62,7 @@ class OwnDenseGemm final : public MoeDenseGemm {
     ParallelFor(threads_, (m_ + kRows - 1) / kRows, [&](int64_t block) {
       const int64_t r0 = block * kRows, rows = std::min(kRows, m_ - r0);
       MoeGemmTileOwn(dtype_, rows, width_, reduce_, static_cast<const char*>(a) + r0 * reduce_ * elem,
-                     b, c + r0 * ldc, ldc);
+                     reduce_, b, reduce_, c + r0 * ldc, ldc, /*accumulate=*/false);
     });
   }
 
@@ -69,95 +86,202 @@ dnnl::memory::data_type DnnlType(DType dtype) {
   return dtype == DType::kBF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
 }
 
-// C[rows, width] = A[rows, reduce] * B[width, reduce]^T: B is the matmul's [reduce, width] weights
-// with strides {1, reduce}, read in place (oneDNN copies it into its scratchpad per call).
+// Sets oneDNN's thread count on the calling thread while alive. oneDNN plans each primitive
+// (blocking, scratchpad size) for the threads it sees when the primitive descriptor is made, so
+// descriptors are made under the same count they run with.
+class OmpThreadsScope {
+ public:
+  explicit OmpThreadsScope(int threads) {
+#if defined(GK_DNNL_OMP)
+    saved_ = omp_get_max_threads();
+    if (saved_ != threads) omp_set_num_threads(threads);
+    threads_ = threads;
+#else
+    (void)threads;
+#endif
+  }
+  ~OmpThreadsScope() {
+#if defined(GK_DNNL_OMP)
+    if (saved_ != threads_) omp_set_num_threads(saved_);
+#endif
+  }
+  OmpThreadsScope(const OmpThreadsScope&) = delete;
+  OmpThreadsScope& operator=(const OmpThreadsScope&) = delete;
+
+ private:
+  int saved_ = 0, threads_ = 0;
+};
+
+// C[rows, width] (+)= A[rows, reduce] * B[width, reduce]^T: B is the matmul's [reduce, width]
+// weights with strides {1, ldb}, read in place (oneDNN packs it into its scratchpad per call).
 dnnl::matmul::primitive_desc MatmulDesc(DType dtype, int64_t rows, int64_t reduce, int64_t width,
-                                        int64_t ldc, bool user_scratchpad) {
+                                        int64_t lda, int64_t ldb, int64_t ldc, bool accumulate,
+                                        bool user_scratchpad) {
   using dnnl::memory;
-  const memory::desc a({rows, reduce}, DnnlType(dtype), memory::dims{reduce, 1});
-  const memory::desc b({reduce, width}, DnnlType(dtype), memory::dims{1, reduce});
+  const memory::desc a({rows, reduce}, DnnlType(dtype), memory::dims{lda, 1});
+  const memory::desc b({reduce, width}, DnnlType(dtype), memory::dims{1, ldb});
   const memory::desc c({rows, width}, memory::data_type::f32, memory::dims{ldc, 1});
   dnnl::primitive_attr attr;
   if (user_scratchpad) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, Engine());
+  if (accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  return dnnl_compat::MakeMatmulPd(a, b, c, attr, Engine());
 }
 
 class OneDnnTileGemm final : public MoeTileGemm {
  public:
   explicit OneDnnTileGemm(const MoeTileGemmShape& shape) : shape_(shape) {
-    const int64_t steps = shape.max_rows / shape.row_granule;
+    // Single-threaded descriptors: each call runs on one thread of gradkit's pool.
+    const OmpThreadsScope one(1);
+    row_steps_ = shape.max_rows / shape.row_granule;
     for (int64_t width : shape.widths) {
-      for (int64_t s = 1; s <= steps; ++s) {
-        auto pd = MatmulDesc(shape.gemm_dtype, s * shape.row_granule, shape.reduce, width,
-                             shape.ldc, /*user_scratchpad=*/true);
-        scratchpad_bytes_ = std::max<uint64_t>(scratchpad_bytes_, pd.scratchpad_desc().get_size());
-        impl_ = pd.impl_info_str();
-        primitives_.emplace_back(pd);
-        descs_.push_back(pd);
+      for (const auto& step : shape.steps) {
+        for (int64_t s = 1; s <= row_steps_; ++s) {
+          Entry e{MatmulDesc(shape.gemm_dtype, s * shape.row_granule, step.reduce, width, shape.lda,
+                             shape.ldb, shape.ldc, step.accumulate, /*user_scratchpad=*/true),
+                  {}};
+          e.primitive = dnnl::matmul(e.pd);
+          scratchpad_bytes_ = std::max<uint64_t>(scratchpad_bytes_, e.pd.scratchpad_desc().get_size());
+          std::string& impl = impls_[width];
+          const std::string name = e.pd.impl_info_str();
+          if (impl.find(name) == std::string::npos) impl += impl.empty() ? name : "+" + name;
+          entries_.push_back(std::move(e));
+        }
       }
     }
+    WarmUp();
   }
-  std::string name() const override { return fmt::format("onednn {}", impl_); }
+  std::string name() const override { return "onednn"; }
+  std::string impl(int64_t width) const override {
+    const auto it = impls_.find(width);
+    return it == impls_.end() ? std::string() : it->second;
+  }
   uint64_t scratchpad_bytes() const override { return scratchpad_bytes_; }
-  void Run(int64_t rows, int64_t width, const void* a, const void* b, float* c,
-           void* scratchpad) const override {
-    const int64_t steps = shape_.max_rows / shape_.row_granule;
-    const size_t w = width == shape_.widths[0] ? 0 : 1;
-    const size_t index = w * steps + static_cast<size_t>(rows / shape_.row_granule - 1);
-    const auto& pd = descs_[index];
-    dnnl::engine& engine = Engine();
-    dnnl::memory a_mem(pd.src_desc(), engine, const_cast<void*>(a));
-    dnnl::memory b_mem(pd.weights_desc(), engine, const_cast<void*>(b));
-    dnnl::memory c_mem(pd.dst_desc(), engine, c);
-    dnnl::memory s_mem(pd.scratchpad_desc(), engine, scratchpad);
-    primitives_[index].execute(ThreadStream(), {{DNNL_ARG_SRC, a_mem},
-                                                {DNNL_ARG_WEIGHTS, b_mem},
-                                                {DNNL_ARG_DST, c_mem},
-                                                {DNNL_ARG_SCRATCHPAD, s_mem}});
+
+  class DnnlWorker final : public Worker {
+   public:
+    DnnlWorker(const OneDnnTileGemm& gemm, void* scratchpad)
+        : gemm_(gemm), scratchpad_(scratchpad), bound_(gemm.entries_.size()) {}
+    void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
+             const void* b, float* c) override {
+      const size_t index = gemm_.Index(rows, width, reduce, accumulate);
+      const Entry& e = gemm_.entries_[index];
+      std::optional<Bound>& bound = bound_[index];
+      if (!bound) {
+        // Made once per primitive and thread; later calls only repoint the handles.
+        const dnnl::engine& engine = Engine();
+        bound.emplace();
+        bound->a = dnnl::memory(e.pd.src_desc(), engine, const_cast<void*>(a));
+        bound->b = dnnl::memory(e.pd.weights_desc(), engine, const_cast<void*>(b));
+        bound->c = dnnl::memory(e.pd.dst_desc(), engine, c);
+        bound->args = {{DNNL_ARG_SRC, bound->a},
+                       {DNNL_ARG_WEIGHTS, bound->b},
+                       {DNNL_ARG_DST, bound->c},
+                       {DNNL_ARG_SCRATCHPAD,
+                        dnnl::memory(e.pd.scratchpad_desc(), engine, scratchpad_)}};
+      } else {
+        bound->a.set_data_handle(const_cast<void*>(a));
+        bound->b.set_data_handle(const_cast<void*>(b));
+        bound->c.set_data_handle(c);
+      }
+      e.primitive.execute(ThreadStream(), bound->args);
+    }
+
+   private:
+    struct Bound {
+      dnnl::memory a, b, c;
+      std::unordered_map<int, dnnl::memory> args;
+    };
+    const OneDnnTileGemm& gemm_;
+    void* scratchpad_;
+    std::vector<std::optional<Bound>> bound_;
+  };
+  std::unique_ptr<Worker> MakeWorker(void* scratchpad) const override {
+    return std::make_unique<DnnlWorker>(*this, scratchpad);
   }
 
  private:
+  struct Entry {
+    dnnl::matmul::primitive_desc pd;
+    dnnl::matmul primitive;
+  };
+
+  static size_t Position(const std::vector<int64_t>& values, int64_t value) {
+    return static_cast<size_t>(std::find(values.begin(), values.end(), value) - values.begin());
+  }
+  size_t Index(int64_t rows, int64_t width, int64_t reduce, bool accumulate) const {
+    const size_t w = Position(shape_.widths, width);
+    const size_t st = static_cast<size_t>(
+        std::find(shape_.steps.begin(), shape_.steps.end(), MoeTileGemmShape::Step{reduce, accumulate}) -
+        shape_.steps.begin());
+    if (w == shape_.widths.size() || st == shape_.steps.size() ||
+        rows % shape_.row_granule != 0 || rows <= 0 || rows > shape_.max_rows) {
+      throw std::logic_error(fmt::format("MoE tile GEMM: call {}x{}x{} (accumulate {}) was not "
+                                         "prepared",
+                                         rows, width, reduce, accumulate));
+    }
+    return (w * shape_.steps.size() + st) * row_steps_ +
+           static_cast<size_t>(rows / shape_.row_granule - 1);
+  }
+
+  // Runs one call of each distinct implementation on zeros: some (gemm:jit) generate their
+  // kernels on first use, which would otherwise happen in phase 2.
+  void WarmUp() {
+    std::vector<std::string> done;
+    const OmpThreadsScope one(1);
+    for (const Entry& e : entries_) {
+      const std::string name = e.pd.impl_info_str();
+      if (std::find(done.begin(), done.end(), name) != done.end()) continue;
+      done.push_back(name);
+      const auto zeros = [](const dnnl::memory::desc& d) {
+        return std::unique_ptr<void, decltype(&std::free)>(std::calloc(d.get_size() + 64, 1), &std::free);
+      };
+      auto a = zeros(e.pd.src_desc()), b = zeros(e.pd.weights_desc()), c = zeros(e.pd.dst_desc()),
+           s = zeros(e.pd.scratchpad_desc());
+      if (!a || !b || !c || !s) throw std::bad_alloc();
+      const dnnl::engine& engine = Engine();
+      e.primitive.execute(ThreadStream(),
+                          {{DNNL_ARG_SRC, dnnl::memory(e.pd.src_desc(), engine, a.get())},
+                           {DNNL_ARG_WEIGHTS, dnnl::memory(e.pd.weights_desc(), engine, b.get())},
+                           {DNNL_ARG_DST, dnnl::memory(e.pd.dst_desc(), engine, c.get())},
+                           {DNNL_ARG_SCRATCHPAD, dnnl::memory(e.pd.scratchpad_desc(), engine, s.get())}});
+      ThreadStream().wait();
+    }
+  }
+
   MoeTileGemmShape shape_;
-  std::vector<dnnl::matmul> primitives_;
-  std::vector<dnnl::matmul::primitive_desc> descs_;
+  int64_t row_steps_ = 0;
+  std::vector<Entry> entries_;
   uint64_t scratchpad_bytes_ = 0;
-  std::string impl_;
+  std::map<int64_t, std::string> impls_;
 };
 
 class OneDnnDenseGemm final : public MoeDenseGemm {
  public:
   OneDnnDenseGemm(DType dtype, int64_t m, int64_t reduce, int64_t width, int32_t threads)
-      : threads_(threads),
-        m_(m),
-        reduce_(reduce),
-        width_(width),
-        dtype_(dtype),
-        pd_(MatmulDesc(dtype, m, reduce, width, width, false)),
-        primitive_(pd_) {}
+      : threads_(threads), m_(m), reduce_(reduce), width_(width), dtype_(dtype) {
+    const OmpThreadsScope scope(threads_);
+    pd_ = MatmulDesc(dtype, m, reduce, width, reduce, reduce, width, false, false);
+    primitive_ = dnnl::matmul(pd_);
+  }
   std::string name() const override { return fmt::format("onednn {}", pd_.impl_info_str()); }
   void Run(const void* a, const void* b, float* c, int64_t ldc) const override {
-    using dnnl::memory;
-    const memory::desc c_desc({m_, width_}, memory::data_type::f32, memory::dims{ldc, 1});
+    const OmpThreadsScope scope(threads_);
     dnnl::matmul::primitive_desc pd = pd_;
     dnnl::matmul primitive = primitive_;
     if (ldc != width_) {
-      pd = dnnl::matmul::primitive_desc(
-          dnnl::matmul::desc(pd_.src_desc(), pd_.weights_desc(), c_desc), Engine());
+      pd = MatmulDesc(dtype_, m_, reduce_, width_, reduce_, reduce_, ldc, false, false);
       primitive = dnnl::matmul(pd);
     }
-#if defined(GK_DNNL_OMP)
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(threads_);
-#endif
     dnnl::memory a_mem(pd.src_desc(), Engine(), const_cast<void*>(a));
     dnnl::memory b_mem(pd.weights_desc(), Engine(), const_cast<void*>(b));
     dnnl::memory c_mem(pd.dst_desc(), Engine(), c);
     primitive.execute(ThreadStream(),
                       {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
     ThreadStream().wait();
-#if defined(GK_DNNL_OMP)
-    omp_set_num_threads(saved);
-#endif
   }
 
  private:
@@ -193,7 +317,7 @@ std::unique_ptr<MoeDenseGemm> MoeDenseGemm::Create(DType gemm_dtype, int64_t m, 
   return std::make_unique<OwnDenseGemm>(gemm_dtype, m, reduce, width, threads);
 }
 
-GemmSequentialScope::GemmSequentialScope() : saved_threads_(0) {
+GemmSequentialScope::GemmSequentialScope() : saved_threads_(1) {
 #if defined(GK_DNNL_OMP)
   saved_threads_ = omp_get_max_threads();
   if (saved_threads_ != 1) omp_set_num_threads(1);

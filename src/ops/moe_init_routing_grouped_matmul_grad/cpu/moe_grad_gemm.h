@@ -12,27 +12,49 @@
 
 namespace gk {
 
+// Every tile GEMM call a plan will make, so that all of them are prepared in phase 1.
 struct MoeTileGemmShape {
-  DType gemm_dtype;            // float32 or bfloat16 (A and B); C is always float32
-  int64_t reduce;              // N: the reduction length of every call
-  int64_t max_rows;            // base_m
-  int64_t row_granule;         // rows are always a multiple of this
-  int64_t ldc;                 // row stride of C (base_n)
-  std::vector<int64_t> widths; // the C widths that will be asked for (base_n, and the last block's)
+  DType gemm_dtype;             // float32 or bfloat16 (A and B); C is always float32
+  int64_t max_rows;             // base_m
+  int64_t row_granule;          // rows are always a multiple of this
+  int64_t ldc;                  // row stride of C (base_n)
+  int64_t ldb;                  // row stride of B (N: weights read in place; base_k: a converted copy)
+  std::vector<int64_t> widths;  // the C widths asked for (base_n, and the last block's)
+  int64_t lda;                  // row stride of A: = the reduction of a step (A is dense)
+  // The reduction is cut into k-blocks summed in ascending order into C: each call reduces
+  // `reduce` elements and either writes C or adds to it (the first k-block writes).
+  struct Step {
+    int64_t reduce;
+    bool accumulate;
+    bool operator==(const Step&) const = default;
+  };
+  std::vector<Step> steps;
 };
 
-// Tile GEMM: C[rows, width] (row stride ldc) = A[rows, reduce] * B[width, reduce]^T, where A and
-// B are row-major with row stride `reduce`. Runs on the calling thread only. Calls of one shape
-// on the same data give the same bits (the property the determinism of the operator rests on).
+// Tile GEMM: C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda) *
+// B[width, reduce]^T (row stride ldb). oneDNN 2.6's brgemm takes A only dense (lda = reduce):
+// a strided A falls back to gemm:jit, several times slower for bfloat16. Runs on the calling thread only. Calls of one shape on the
+// same data give the same bits (the property the determinism of the operator rests on).
 class MoeTileGemm {
  public:
   virtual ~MoeTileGemm() = default;
-  // oneDNN when built with it and it accepts the shape, else the own kernel.
+  // oneDNN when built with it and it accepts every call of the shape, else the own kernel.
+  // Every kernel is generated here (phase 1), for one thread: the library sizes its scratchpad
+  // and blocking for the single thread each call runs on.
   static std::unique_ptr<MoeTileGemm> Create(const MoeTileGemmShape& shape);
-  virtual std::string name() const = 0;
-  virtual uint64_t scratchpad_bytes() const = 0;  // per calling thread
-  virtual void Run(int64_t rows, int64_t width, const void* a, const void* b, float* c,
-                   void* scratchpad) const = 0;
+  virtual std::string name() const = 0;                     // the library, e.g. "onednn"
+  virtual std::string impl(int64_t width) const = 0;        // its implementation for that width
+  virtual uint64_t scratchpad_bytes() const = 0;            // per calling thread
+
+  // What one thread runs its calls through; holds the library's per-call objects, reused.
+  class Worker {
+   public:
+    virtual ~Worker() = default;
+    virtual void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
+                     const void* b, float* c) = 0;
+  };
+  // scratchpad: scratchpad_bytes() bytes owned by the calling thread for the worker's life.
+  virtual std::unique_ptr<Worker> MakeWorker(void* scratchpad) const = 0;
 };
 
 // Makes the GEMM library sequential on the calling thread while the scope lives (the operator's

@@ -35,8 +35,8 @@ HWY_NOINLINE void AddRowF32(float* dst, const float* src, int64_t n) {
 // One output element at a time, four columns per pass over an A row; lanes accumulate in a
 // fixed order and are reduced the same way for every call.
 template <class Storage>
-void GemmTile(int64_t rows, int64_t width, int64_t reduce, const void* a_bytes,
-              const void* b_bytes, float* c, int64_t ldc) {
+void GemmTile(int64_t rows, int64_t width, int64_t reduce, const void* a_bytes, int64_t lda,
+              const void* b_bytes, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   using Lane = typename Storage::Lane;
   const auto* a = static_cast<const Lane*>(a_bytes);
   const auto* b = static_cast<const Lane*>(b_bytes);
@@ -48,12 +48,12 @@ void GemmTile(int64_t rows, int64_t width, int64_t reduce, const void* a_bytes,
     else return F32FromBf16(reinterpret_cast<const uint16_t*>(p)[i]);
   };
   for (int64_t r = 0; r < rows; ++r) {
-    const Lane* a_row = a + r * reduce;
+    const Lane* a_row = a + r * lda;
     int64_t j = 0;
     for (; j < width; j += 4) {
       const int64_t cols = std::min<int64_t>(4, width - j);
       const Lane* b_rows[4];
-      for (int64_t q = 0; q < 4; ++q) b_rows[q] = b + (j + std::min(q, cols - 1)) * reduce;
+      for (int64_t q = 0; q < 4; ++q) b_rows[q] = b + (j + std::min(q, cols - 1)) * ldb;
       auto s0 = hn::Zero(df), s1 = hn::Zero(df), s2 = hn::Zero(df), s3 = hn::Zero(df);
       for (int64_t i = 0; i < vector_end; i += lanes) {
         const auto av = LoadAsF32<Storage>(df, a_row + i);
@@ -68,19 +68,21 @@ void GemmTile(int64_t rows, int64_t width, int64_t reduce, const void* a_bytes,
         for (int64_t i = vector_end; i < reduce; ++i) {
           sums[q] += scalar(a_row, i) * scalar(b_rows[q], i);
         }
-        c[r * ldc + j + q] = sums[q];
+        c[r * ldc + j + q] = accumulate ? c[r * ldc + j + q] + sums[q] : sums[q];
       }
     }
   }
 }
 
 HWY_NOINLINE void GemmTileF32(int64_t rows, int64_t width, int64_t reduce, const void* a,
-                              const void* b, float* c, int64_t ldc) {
-  GemmTile<F32Storage>(rows, width, reduce, a, b, c, ldc);
+                              int64_t lda, const void* b, int64_t ldb, float* c, int64_t ldc,
+                              bool accumulate) {
+  GemmTile<F32Storage>(rows, width, reduce, a, lda, b, ldb, c, ldc, accumulate);
 }
 HWY_NOINLINE void GemmTileBf16(int64_t rows, int64_t width, int64_t reduce, const void* a,
-                               const void* b, float* c, int64_t ldc) {
-  GemmTile<Bf16Storage>(rows, width, reduce, a, b, c, ldc);
+                               int64_t lda, const void* b, int64_t ldb, float* c, int64_t ldc,
+                               bool accumulate) {
+  GemmTile<Bf16Storage>(rows, width, reduce, a, lda, b, ldb, c, ldc, accumulate);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -104,11 +106,12 @@ void MoeAddRowF32(float* dst, const float* src, int64_t n) {
 }
 
 void MoeGemmTileOwn(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce, const void* a,
-                    const void* b, float* c, int64_t ldc) {
+                    int64_t lda, const void* b, int64_t ldb, float* c, int64_t ldc,
+                    bool accumulate) {
   if (gemm_dtype == DType::kBF16) {
-    HWY_DYNAMIC_DISPATCH(GemmTileBf16)(rows, width, reduce, a, b, c, ldc);
+    HWY_DYNAMIC_DISPATCH(GemmTileBf16)(rows, width, reduce, a, lda, b, ldb, c, ldc, accumulate);
   } else {
-    HWY_DYNAMIC_DISPATCH(GemmTileF32)(rows, width, reduce, a, b, c, ldc);
+    HWY_DYNAMIC_DISPATCH(GemmTileF32)(rows, width, reduce, a, lda, b, ldb, c, ldc, accumulate);
   }
 }
 

@@ -15,9 +15,11 @@ void MoeConvertF16ToF32(const uint16_t* src, float* dst, int64_t n);
 // dst[j] += src[j] for j < n, in float32, one rounding per add (the same on every target).
 void MoeAddRowF32(float* dst, const float* src, int64_t n);
 
-// C[rows, width] (row stride ldc) = A[rows, reduce] * B[width, reduce]^T, A and B float32 or
-// bfloat16 (gemm_dtype), float32 accumulation in a fixed order.
+// C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda) * B[width, reduce]^T
+// (row stride ldb), A and B float32 or bfloat16 (gemm_dtype), float32 accumulation in a fixed
+// order; with `accumulate` the sum is added to C (one rounding), else it replaces C.
 void MoeGemmTileOwn(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce, const void* a,
-                    const void* b, float* c, int64_t ldc);
+                    int64_t lda, const void* b, int64_t ldb, float* c, int64_t ldc,
+                    bool accumulate);
 
 }  // namespace gk
