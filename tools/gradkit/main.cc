@@ -39,7 +39,7 @@ void WarnAboutThreadsVariable() {
   if (end != env && *end == '\0' && value >= 1 && value <= gk::cli::kMaxThreads) return;
   std::fprintf(stderr,
                "gradkit: warning: GRADKIT_NUM_THREADS is '%s', not a thread count in [1, %d]; "
-               "ignored, using %d (all cores)\n",
+               "ignored, using the default, %d\n",
                env, gk::cli::kMaxThreads, gkGetNumThreads());
 }
 
