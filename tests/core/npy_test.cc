@@ -97,5 +97,71 @@ TEST(Npy, ConversionRoundsToNearestEvenOnce) {
   EXPECT_EQ(bits, 0x3c01);
 }
 
+std::vector<uint8_t> FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), {});
+}
+
+// The CLI writes its output straight from the result buffer; the file must be the one the
+// in-memory conversion (NpyFromBuffer) describes, for every dtype, including a bfloat16 buffer
+// longer than the writer's conversion chunk.
+TEST(Npy, WriteFromBufferMatchesTheInMemoryArray) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const int64_t elems = 40000;
+    std::vector<uint8_t> buffer(static_cast<size_t>(elems * ElementBytes(dtype)));
+    for (int64_t i = 0; i < elems; ++i) StoreFromF32(buffer.data(), i, dtype, 0.37f * (i - 20000));
+    const std::string direct = TempPath("direct.npy"), via = TempPath("via.npy");
+    WriteNpyFromBuffer(direct, buffer.data(), elems, dtype, {200, 200});
+    WriteNpyAtomic(via, NpyFromBuffer(buffer.data(), elems, dtype, {200, 200}));
+    EXPECT_EQ(FileBytes(direct), FileBytes(via)) << DTypeName(dtype);
+    const NpyArray back = ReadNpy(direct);
+    EXPECT_EQ(back.descr, dtype == DType::kF16 ? "<f2" : "<f4");
+    EXPECT_EQ(back.shape, (std::vector<int64_t>{200, 200}));
+    std::remove(direct.c_str());
+    std::remove(via.c_str());
+  }
+}
+
+TEST(Npy, TakeUsesTheArraysBufferWhenNoConversionIsNeeded) {
+  NpyArray a{"<f4", {3}, std::vector<uint8_t>(12, 0)};
+  const uint8_t* data = a.bytes.data();
+  const auto taken = TakeAsDType(a, DType::kF32, "--x");
+  EXPECT_EQ(taken.data(), data);
+  NpyArray b{"<f4", {3}, std::vector<uint8_t>(12, 0)};
+  const auto converted = TakeAsDType(b, DType::kF16, "--x");
+  EXPECT_EQ(converted.size(), 6u);
+  EXPECT_TRUE(b.bytes.empty());  // released once converted
+  NpyArray i{"<i4", {2}, std::vector<uint8_t>(8, 0)};
+  const uint8_t* index = i.bytes.data();
+  EXPECT_EQ(TakeAsIndex(i, DType::kI32, "--idx").data(), index);
+  NpyArray j{"<i4", {2}, std::vector<uint8_t>(8, 0)};
+  EXPECT_EQ(TakeAsIndex(j, DType::kI64, "--idx").size(), 16u);
+}
+
+TEST(Npy, ReadRefusesADirectoryAndWriterLeavesNoTemporaryOnError) {
+  try {
+    ReadNpy(::testing::TempDir());
+    FAIL() << "no error for a directory";
+  } catch (const CliError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+  const std::string path = TempPath("abandoned.npy");
+  {
+    NpyFileWriter writer(path, "<f4", {1});
+    writer.Append("\0\0\0\0", 4);
+  }  // destroyed without Commit()
+  EXPECT_FALSE(std::ifstream(path).good());
+  EXPECT_FALSE(std::ifstream(path + ".tmp." + std::to_string(getpid())).good());
+}
+
+TEST(Npy, ApiMessagesSpeakTheOptionsNames) {
+  const OptionName names[] = {{"gradY", "--grad-y"}, {"weight", "--weight"}, {"topK", "--topk"}};
+  EXPECT_EQ(TranslateApiMessage("gkFooGetWorkspaceSize: gradY has 3 rows, topK 2 (weight.shape[2])",
+                                names),
+            "--grad-y has 3 rows, --topk 2 (weight.shape[2])");
+  EXPECT_EQ(TranslateApiMessage("gradYs and xgradY stay", names), "gradYs and xgradY stay");
+  EXPECT_EQ(TranslateApiMessage("gkFoo: unchanged without names", {}), "gkFoo: unchanged without names");
+}
+
 }  // namespace
 }  // namespace gk::cli

@@ -112,9 +112,11 @@ def test_nan_in_x_gives_nan(cli, tmp_path):
 
 
 @pytest.mark.parametrize("problem,needle", [
-    ("shape", "x has shape [5] but gradOutput has shape [4]"),
+    ("shape", "--x has shape [5] but --dy has shape [4]"),
     ("missing", "cannot open"),
-    ("alpha", "alpha is -1 with isResult true"),
+    ("alpha", "--alpha is -1 with --is-result"),
+    ("out_dtype", "--out-dtype is f16, but the inputs are computed as f32"),
+    ("threads", "--threads is 5000"),
     ("dtype", "--dtype is 'f64'"),
     ("intfile", "a float array"),
     ("garbage", "not a .npy file"),
@@ -132,6 +134,10 @@ def test_bad_input_exits_2_without_output(cli, tmp_path, problem, needle):
         args += ["--alpha", "-1", "--is-result"]
     elif problem == "dtype":
         args += ["--dtype", "f64"]
+    elif problem == "out_dtype":
+        args += ["--out-dtype", "f16"]
+    elif problem == "threads":
+        args += ["--threads", "5000"]
     elif problem == "intfile":
         args[2] = save(tmp_path / "int.npy", np.ones(4, np.int32))
     elif problem == "garbage":

@@ -120,13 +120,13 @@ def test_thread_counts_give_identical_bytes(tmp_path):
 
 @pytest.mark.parametrize("change,expected", [
     (["--batch", "0"], "batch is 0"),
-    (["--topk", "1"], "more than batch 40 * topK 1"),
-    (["--row-idx-type", "2"], "rowIdxType is 2"),
-    (["--row-idx-type", "1"], "expandedRowIdx has"),
+    (["--topk", "1"], "more than --batch 40 * --topk 1"),
+    (["--row-idx-type", "2"], "--row-idx-type is 2"),
+    (["--row-idx-type", "1"], "--expanded-row-idx has"),
     (["--group-list-type", "prefix"], "--group-list-type is 'prefix'"),
     (["--dtype", "f64"], "--dtype is 'f64'"),
-    (["--group-list", "bad_counts.npy"], "rows of gradY"),
-    (["--expanded-row-idx", "bad_gather.npy"], "expandedRowIdx[3] is 999"),
+    (["--group-list", "bad_counts.npy"], "rows of --grad-y"),
+    (["--expanded-row-idx", "bad_gather.npy"], "--expanded-row-idx[3] is 999"),
     (["--expanded-row-idx", "float_idx.npy"], "--expanded-row-idx holds <f4"),
     (["--weight", "missing.npy"], "missing.npy"),
 ])
@@ -149,7 +149,7 @@ def test_bad_input_exits_2_with_one_line_and_no_output(tmp_path, change, expecte
 
 
 def test_plan_is_json(tmp_path):
-    r = run_cli(tmp_path, ["plan", "moe-grad", "--shape", "S3", "--dtype", "bf16", "--threads", "2"])
+    r = run_cli(tmp_path, ["plan", "moe-grad", "--preset", "S3", "--dtype", "bf16", "--threads", "2"])
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     assert plan["parall_num"] >= 2 and plan["threads"] == 2
@@ -157,12 +157,15 @@ def test_plan_is_json(tmp_path):
     for region in plan["workspace"].values():
         if isinstance(region, dict):
             assert region["offset"] % 512 == 0
-    bad = run_cli(tmp_path, ["plan", "moe-grad", "--shape", "S9"])
-    assert bad.returncode == 2 and bad.stderr.startswith("gradkit: error: --shape is 'S9'")
+    bad = run_cli(tmp_path, ["plan", "moe-grad", "--preset", "S9"])
+    assert bad.returncode == 2 and bad.stderr.startswith("gradkit: error: --preset is 'S9'")
+    # --shape means dimensions (plan elu-grad); here it points to what takes a MoE shape.
+    bad = run_cli(tmp_path, ["plan", "moe-grad", "--shape", "S3"])
+    assert bad.returncode == 2 and "--preset S1..S4 or --batch --topk" in bad.stderr
 
 
 def test_bench_json_keys(tmp_path):
-    r = run_cli(tmp_path, ["bench", "moe-grad", "--shape", "S1", "--dtype", "bf16", "--threads", "2",
+    r = run_cli(tmp_path, ["bench", "moe-grad", "--preset", "S1", "--dtype", "bf16", "--threads", "2",
                            "--json", "--min-time", "0.01"])
     assert r.returncode == 0, r.stderr
     row = json.loads(r.stdout.strip().splitlines()[-1])

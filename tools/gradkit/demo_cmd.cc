@@ -94,8 +94,9 @@ void PrintInfo() {
               fmt::format("{}", fmt::join(AvailableIsas(), ", ")).c_str());
   std::printf("threads:    %d\n", gkGetNumThreads());
   std::printf("libtorch:   %s\n", bench::TorchPeerAvailable()
-                                      ? bench::TorchPeerVersion().c_str()
-                                      : "not installed (peer benchmarks skipped)");
+                                      ? fmt::format("{} (benchmark peer)", bench::TorchPeerVersion()).c_str()
+                                      : "not found at build time (peer benchmarks skipped)");
+  PrintMoeGradInfo();
 }
 
 }  // namespace
@@ -103,7 +104,7 @@ void PrintInfo() {
 void RegisterDemoAndInfoCommands(CommandSet& commands) {
   commands.app.add_subcommand("demo", "Run every operator once, check it, and time it")
       ->callback(RunDemo);
-  commands.app.add_subcommand("info", "Version, backends, SIMD target, threads")
+  commands.app.add_subcommand("info", "Version, SIMD target, threads, and which libraries were found")
       ->callback(PrintInfo);
 }
 

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -29,6 +30,19 @@ gkGroupListType ParseGroupListType(const std::string& text) {
   if (text == "cumsum") return GK_GROUP_LIST_CUMSUM;
   throw CliError(fmt::format("--group-list-type is '{}', it must be count or cumsum", text));
 }
+
+// The C API's argument names -> the options of `gradkit moe-grad`.
+constexpr OptionName kMoeOptionNames[] = {
+    {"gradY", "--grad-y"},
+    {"weight", "--weight"},
+    {"expandedRowIdx", "--expanded-row-idx"},
+    {"groupList", "--group-list"},
+    {"batch", "--batch"},
+    {"topK", "--topk"},
+    {"rowIdxType", "--row-idx-type"},
+    {"groupListType", "--group-list-type"},
+    {"gradX", "--out"},
+    {"numThreads", "--threads"}};
 
 // Runs the operator through its C API on contiguous buffers; returns gradX and the workspace size.
 struct MoeGradRun {
@@ -71,12 +85,15 @@ MoeGradRun RunMoeGradOp(const void* dy, const std::vector<int64_t>& dy_shape, co
   TensorHandle dx_t = MakeTensor({std::max<int64_t>(batch, 0), k}, DType::kF32, run.grad_x.data());
   gkOpExecutor* raw = nullptr;
   ThrowIfFailed(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
-      dy_t.get(), w_t.get(), idx_t.get(), groups_t.get(), batch, top_k, static_cast<gkRowIdxType>(row_idx_type),
-      group_list_type, dx_t.get(), &run.workspace_bytes, &raw));
+      dy_t.get(), w_t.get(), idx_t.get(), groups_t.get(), batch, top_k,
+      static_cast<gkRowIdxType>(row_idx_type), group_list_type, dx_t.get(), &run.workspace_bytes,
+      &raw),
+      kMoeOptionNames);
   ExecutorHandle executor(raw);
   std::vector<uint8_t> workspace(run.workspace_bytes);
   ThrowIfFailed(gkMoeInitRoutingGroupedMatmulGrad(workspace.data(), run.workspace_bytes,
-                                                  executor.get(), nullptr));
+                                                  executor.get(), nullptr),
+                kMoeOptionNames);
   return run;
 }
 
@@ -85,36 +102,83 @@ struct MoeGradOptions {
   int64_t batch = 0, top_k = 0, row_idx_type = 0;
   std::string group_list_type = "count", dtype;
   int32_t threads = 0;
+  bool quiet = false;
 };
 
+// One line that makes a routing mix-up visible even when every check passes (a --topk other
+// than the router's, a gather index declared as scatter where the sizes happen to fit): how the
+// slots became rows, how many tokens receive nothing, how evenly the experts are loaded.
+// Called after phase 1 accepted the arrays, so every index is in range.
+std::string RoutingSummary(const MoeGradOptions& o, const void* idx, DType idx_dtype, int64_t l,
+                           const int64_t* groups, int64_t g, int64_t m) {
+  const auto index = [&](int64_t i) {
+    return idx_dtype == DType::kI32 ? int64_t{static_cast<const int32_t*>(idx)[i]}
+                                    : static_cast<const int64_t*>(idx)[i];
+  };
+  std::vector<bool> has_row(static_cast<size_t>(o.batch));
+  if (o.row_idx_type == 0) {
+    for (int64_t i = 0; i < m; ++i) has_row[static_cast<size_t>(index(i) / o.top_k)] = true;
+  } else {
+    for (int64_t p = 0; p < l; ++p) {
+      if (index(p) != -1) has_row[static_cast<size_t>(p / o.top_k)] = true;
+    }
+  }
+  const int64_t idle_tokens = std::count(has_row.begin(), has_row.end(), false);
+  int64_t min_rows = 0, max_rows = 0, min_expert = 0, max_expert = 0;
+  for (int64_t e = 0; e < g; ++e) {
+    const int64_t rows =
+        o.group_list_type == "cumsum" ? groups[e] - (e > 0 ? groups[e - 1] : 0) : groups[e];
+    if (e == 0 || rows < min_rows) min_rows = rows, min_expert = e;
+    if (e == 0 || rows > max_rows) max_rows = rows, max_expert = e;
+  }
+  const int64_t slots = o.batch * o.top_k;
+  return fmt::format(
+      "routing: {} tokens x topk {} = {} slots -> {} rows, {} slots dropped, {} tokens without "
+      "a row; rows per expert: min {} (expert {}), max {} (expert {}) over {} experts",
+      o.batch, o.top_k, slots, m, slots - m, idle_tokens, min_rows, min_expert, max_rows,
+      max_expert, g);
+}
+
 void RunMoeGrad(const MoeGradOptions& o) {
-  const NpyArray dy_npy = ReadNpy(o.dy_path);
-  const NpyArray w_npy = ReadNpy(o.w_path);
-  const NpyArray idx_npy = ReadNpy(o.idx_path);
-  const NpyArray groups_npy = ReadNpy(o.groups_path);
+  CheckThreadsOption(o.threads, "--threads");
+  CheckOutputPath(o.out_path, "--out");
   const gkGroupListType group_list_type = ParseGroupListType(o.group_list_type);
-  const DType file_dtype = NpyFloatDType(dy_npy, "--grad-y");
-  NpyFloatDType(w_npy, "--weight");
-  const DType dtype = !o.dtype.empty()             ? ParseFloatDType(o.dtype, "--dtype")
-                      : file_dtype == DType::kF64 ? DType::kF32
-                                                  : file_dtype;
+  NpyArray dy_npy = ReadNpy(o.dy_path);
+  NpyArray w_npy = ReadNpy(o.w_path);
+  NpyArray idx_npy = ReadNpy(o.idx_path);
+  NpyArray groups_npy = ReadNpy(o.groups_path);
+  const DType dy_file = NpyFloatDType(dy_npy, "--grad-y");
+  const DType w_file = NpyFloatDType(w_npy, "--weight");
+  const DType dtype = !o.dtype.empty()        ? ParseFloatDType(o.dtype, "--dtype")
+                      : dy_file == DType::kF64 ? DType::kF32
+                                               : dy_file;
   if (idx_npy.descr != "<i8" && idx_npy.descr != "<i4") {
     throw CliError(fmt::format("--expanded-row-idx holds {} values; <i8 or <i4 is required",
                                idx_npy.descr));
   }
+  if (o.dtype.empty() && dy_file != w_file) {
+    Warn(fmt::format("--grad-y holds {} and --weight {}; both are computed as {} (--dtype sets it)",
+                     DTypeName(dy_file), DTypeName(w_file), ShortDTypeName(dtype)));
+  }
   const DType idx_dtype = idx_npy.descr == "<i4" ? DType::kI32 : DType::kI64;
-  const auto dy = ConvertNpyToDType(dy_npy, dtype, "--grad-y");
-  const auto w = ConvertNpyToDType(w_npy, dtype, "--weight");
-  const auto idx = ConvertNpyToIndex(idx_npy, idx_dtype, "--expanded-row-idx");
-  const auto groups = ConvertNpyToIndex(groups_npy, DType::kI64, "--group-list");
+  // Inputs already in the compute dtype are used where they were read: no copy.
+  const auto dy = TakeAsDType(dy_npy, dtype, "--grad-y");
+  const auto w = TakeAsDType(w_npy, dtype, "--weight");
+  const auto idx = TakeAsIndex(idx_npy, idx_dtype, "--expanded-row-idx");
+  const auto groups = TakeAsIndex(groups_npy, DType::kI64, "--group-list");
 
-  ThrowIfFailed(gkSetNumThreads(o.threads));
+  ThrowIfFailed(gkSetNumThreads(o.threads), kMoeOptionNames);
   const MoeGradRun run = RunMoeGradOp(
       dy.data(), dy_npy.shape, w.data(), w_npy.shape, dtype, idx.data(), idx_npy.shape, idx_dtype,
       reinterpret_cast<const int64_t*>(groups.data()), groups_npy.shape, o.batch, o.top_k,
       o.row_idx_type, group_list_type);
   const int64_t k = w_npy.shape[1];
-  WriteNpyAtomic(o.out_path, NpyFromBuffer(run.grad_x.data(), o.batch * k, DType::kF32, {o.batch, k}));
+  WriteNpyFromBuffer(o.out_path, run.grad_x.data(), o.batch * k, DType::kF32, {o.batch, k});
+  if (!o.quiet) {
+    Note(RoutingSummary(o, idx.data(), idx_dtype, idx_npy.shape[0],
+                        reinterpret_cast<const int64_t*>(groups.data()), w_npy.shape[0],
+                        dy_npy.shape[0]));
+  }
 }
 
 // The benchmark shapes, also the defaults of `plan moe-grad`.
@@ -128,7 +192,7 @@ constexpr MoeShapePreset kPresets[] = {{"S1", 4096, 2, 8, 2048, 1408},
                                        {"S4", 4096, 2, 8, 2048, 1408}};
 
 struct MoePlanOptions {
-  std::string shape = "S1", dtype = "f32", group_list_type = "count";
+  std::string preset = "S1", dtype = "f32", group_list_type = "count";
   std::optional<int64_t> batch, top_k, g, k, n, m;
   int64_t row_idx_type = 0;
   int32_t threads = 0;
@@ -137,9 +201,9 @@ struct MoePlanOptions {
 void PrintMoePlan(const MoePlanOptions& o) {
   const MoeShapePreset* preset = nullptr;
   for (const auto& p : kPresets) {
-    if (o.shape == p.name) preset = &p;
+    if (o.preset == p.name) preset = &p;
   }
-  if (preset == nullptr) throw CliError(fmt::format("--shape is '{}', it must be S1..S4", o.shape));
+  if (preset == nullptr) throw CliError(fmt::format("--preset is '{}', it must be S1..S4", o.preset));
   MoeGradShape s{};
   s.batch = o.batch.value_or(preset->batch);
   s.top_k = o.top_k.value_or(preset->top_k);
@@ -177,7 +241,8 @@ void PrintMoePlan(const MoePlanOptions& o) {
 }
 
 struct MoeBenchOptions {
-  std::string shape, dtype;
+  std::string preset, dtype;
+  std::optional<int64_t> batch, top_k, g, k, n;
   int32_t threads = 0;
   bool json = false;
   double min_seconds = 0.5;
@@ -185,25 +250,69 @@ struct MoeBenchOptions {
 
 std::string MiB(uint64_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
 
-void RunMoeBench(const MoeBenchOptions& o) {
-  const std::optional<std::string> shape =
-      o.shape.empty() ? std::nullopt : std::optional<std::string>(o.shape);
-  if (shape && *shape != "S1" && *shape != "S2" && *shape != "S3" && *shape != "S4") {
-    throw CliError(fmt::format("--shape is '{}', it must be S1..S4", *shape));
+// The cases to measure: every preset, one preset, or a user's shape (a preset's dimensions, S1's
+// when none is named, with the options given replacing them).
+std::vector<bench::MoeGradBenchCase> MoeBenchCases(const MoeBenchOptions& o,
+                                                   std::optional<DType> dtype, int32_t threads) {
+  const std::optional<std::string> preset =
+      o.preset.empty() ? std::nullopt : std::optional<std::string>(o.preset);
+  auto cases = bench::MoeGradBenchCases(preset, dtype, threads);
+  if (preset && cases.empty()) {
+    throw CliError(fmt::format("--preset is '{}', it must be S1..S4", *preset));
   }
+  if (!(o.batch || o.top_k || o.g || o.k || o.n)) return cases;
+  if (!preset) cases = bench::MoeGradBenchCases(std::string("S1"), dtype, threads);
+  const struct {
+    const char* option;
+    std::optional<int64_t> value;
+    int64_t limit;
+  } dims[] = {{"--batch", o.batch, int64_t{1} << 24}, {"--topk", o.top_k, 1024},
+              {"--experts", o.g, 4096}, {"--k", o.k, int64_t{1} << 20}, {"--n", o.n, int64_t{1} << 20}};
+  for (const auto& d : dims) {
+    if (d.value && (*d.value < 1 || *d.value > d.limit)) {
+      throw CliError(fmt::format("{} is {}, it must be in [1, {}]", d.option, *d.value, d.limit));
+    }
+  }
+  for (auto& c : cases) {
+    c.shape = "user";
+    c.batch = o.batch.value_or(c.batch);
+    c.top_k = o.top_k.value_or(c.top_k);
+    c.g = o.g.value_or(c.g);
+    c.k = o.k.value_or(c.k);
+    c.n = o.n.value_or(c.n);
+    c.empty_experts = std::min(c.empty_experts, c.g - 1);
+    // The buffers the benchmark allocates: gradY, weight, gradX, and the unfused [M, K] float32.
+    const double bytes = 4.0 * (static_cast<double>(c.batch) * c.top_k * (c.n + 2.0 * c.k) +
+                                static_cast<double>(c.g) * c.k * c.n + static_cast<double>(c.batch) * c.k);
+    const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+    if (memory > 0 && bytes > 0.75 * memory) {
+      throw CliError(fmt::format("--batch {} --topk {} --experts {} --k {} --n {}: the benchmark "
+                                 "needs about {:.1f} GiB, more than 3/4 of this machine's {:.1f} GiB",
+                                 c.batch, c.top_k, c.g, c.k, c.n, bytes / (1 << 30),
+                                 memory / (1 << 30)));
+    }
+  }
+  return cases;
+}
+
+void RunMoeBench(const MoeBenchOptions& o) {
   const std::optional<DType> dtype =
       o.dtype.empty() ? std::nullopt : std::optional<DType>(ParseFloatDType(o.dtype, "--dtype"));
-  if (o.threads < 0) throw CliError(fmt::format("--threads is {}, it must be >= 0", o.threads));
+  CheckThreadsOption(o.threads, "--threads");
+  if (!(o.min_seconds > 0.0 && o.min_seconds <= 3600.0)) {
+    throw CliError(fmt::format("--min-time is {}, it must be in (0, 3600] seconds", o.min_seconds));
+  }
   const int32_t threads = o.threads > 0 ? o.threads : gkGetNumThreads();
+  const auto cases = MoeBenchCases(o, dtype, threads);
   if (!o.json) {
     std::printf("MoeInitRoutingGroupedMatmulGrad on CPU (%s, %s), %d threads; GFLOP/s = 2 M N K "
                 "per second\n",
                 ChosenIsa().c_str(), MoeGemmLibraryName().c_str(), threads);
-    std::printf("%-3s %-9s %6s %9s %9s %7s %9s %8s %9s %8s %11s %11s\n", "", "dtype", "M", "fused",
+    std::printf("%-4s %-9s %6s %9s %9s %7s %9s %8s %9s %8s %11s %11s\n", "", "dtype", "M", "fused",
                 "dense", "vs dense", "unfused", "vs unf.", "torch", "vs torch", "workspace",
                 "[M,K] f32");
   }
-  for (const auto& c : bench::MoeGradBenchCases(shape, dtype, threads)) {
+  for (const auto& c : cases) {
     const auto r = bench::RunMoeGradBenchCase(c, o.min_seconds);
     if (o.json) {
       std::printf("%s\n", bench::MoeGradBenchJson(r).c_str());
@@ -214,7 +323,7 @@ void RunMoeBench(const MoeBenchOptions& o) {
       const auto ratio = [&](std::optional<double> v) {
         return v ? fmt::format("{:.0f}%", 100.0 * r.gflops / *v) : std::string("-");
       };
-      std::printf("%-3s %-9s %6lld %9.1f %9s %7s %9s %8s %9s %8s %11s %11s\n", c.shape.c_str(),
+      std::printf("%-4s %-9s %6lld %9.1f %9s %7s %9s %8s %9s %8s %11s %11s\n", c.shape.c_str(),
                   std::string(DTypeName(c.dtype)).c_str(), static_cast<long long>(r.m), r.gflops,
                   opt(r.dense_gflops).c_str(), ratio(r.dense_gflops).c_str(),
                   opt(r.unfused_gflops).c_str(), ratio(r.unfused_gflops).c_str(),
@@ -225,29 +334,90 @@ void RunMoeBench(const MoeBenchOptions& o) {
   }
 }
 
+// --shape means dimensions everywhere (plan elu-grad); here it gets a pointer to what does.
+void AddShapeMisuse(CLI::App& command) {
+  command
+      .add_option_function<std::string>(
+          "--shape",
+          [](const std::string& value) {
+            throw CliError(fmt::format("--shape {}: moe-grad takes a shape as --preset S1..S4 or "
+                                       "--batch --topk --experts --k --n",
+                                       value));
+          })
+      ->group("");
+}
+
+// The presets, listed from the benchmark's own table.
+std::string PresetHelp() {
+  std::string text = "Only this preset:";
+  for (const auto& c : bench::MoeGradBenchCases(std::nullopt, DType::kF32, 1)) {
+    text += fmt::format(" {} (batch {}, topk {}, experts {}, K {}, N {}{});", c.shape, c.batch,
+                        c.top_k, c.g, c.k, c.n,
+                        c.skew > 0 ? fmt::format(", {:.0f}% of slots on expert 0, {} experts empty",
+                                                 100 * c.skew, c.empty_experts)
+                                   : "");
+  }
+  text.back() = '.';
+  return text;
+}
+
 }  // namespace
+
+void PrintMoeGradInfo() {
+  std::printf("oneDNN:     %s\n", MoeGemmHasOneDnn()
+                                      ? fmt::format("{} (MoE GEMMs)", MoeGemmLibraryName()).c_str()
+                                      : "not found at build time (MoE GEMMs run on gradkit's own "
+                                        "Highway kernel)");
+  // The GEMM each dtype's tiles run on, as the plan of a small problem picks it.
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    MoeGradShape s{};
+    s.batch = 256, s.top_k = 1, s.m = 256, s.l = 256, s.g = 1, s.k = 256, s.n = 256;
+    s.dtype = dtype, s.index_dtype = DType::kI64;
+    s.row_idx_type = RowIdxType::kGather, s.group_list_type = GroupListType::kCount;
+    const MoeGradPlan plan = MakeMoeGradPlan(s, DetectMoeGradMachine(s));
+    std::printf("moe gemm:   %-9s -> %s GEMM on %s\n", std::string(DTypeName(dtype)).c_str(),
+                std::string(DTypeName(plan.gemm_dtype)).c_str(), plan.gemm_backend.c_str());
+  }
+}
 
 void RegisterMoeGradCommands(CommandSet& commands) {
   auto run = std::make_shared<MoeGradOptions>();
   auto* cmd = commands.app.add_subcommand(
       "moe-grad", "MoeInitRoutingGroupedMatmulGrad: gradX = scatter_add(gradY @ weight^T)");
-  cmd->add_option("--grad-y", run->dy_path, "gradY [M, N] (.npy, float)")->required();
-  cmd->add_option("--weight", run->w_path, "weight [G, K, N] (.npy, float)")->required();
-  cmd->add_option("--expanded-row-idx", run->idx_path, "expandedRowIdx [L] (.npy, <i8 or <i4)")
+  cmd->add_option("--grad-y", run->dy_path, "gradY [M, N]: the expanded rows' gradient (.npy, float)")
       ->required();
-  cmd->add_option("--group-list", run->groups_path, "groupList [G] (.npy, integer)")->required();
+  cmd->add_option("--weight", run->w_path,
+                  "weight [G, K, N] (.npy, float; nn.Linear's [G, N, K] must be transposed)")
+      ->required();
+  cmd->add_option("--expanded-row-idx", run->idx_path,
+                  "expandedRowIdx (.npy, <i8 or <i4): with --row-idx-type 0 the slot (token * topk "
+                  "+ j) of each row, e.g. argsort(topk_ids.flatten(), stable)")
+      ->required();
+  cmd->add_option("--group-list", run->groups_path,
+                  "groupList [G] (.npy, integer): rows per expert, e.g. bincount(topk_ids.flatten())")
+      ->required();
   cmd->add_option("--batch", run->batch, "Tokens (rows of gradX)")->required();
-  cmd->add_option("--topk", run->top_k, "Experts per token")->required();
-  cmd->add_option("--row-idx-type", run->row_idx_type, "0: gather (expanded -> original), 1: scatter");
-  cmd->add_option("--group-list-type", run->group_list_type, "count (default) | cumsum");
-  cmd->add_option("--dtype", run->dtype, "Compute dtype f32|f16|bf16 (default: gradY's; f64 -> f32)");
-  cmd->add_option("--threads", run->threads, "Threads (default: GRADKIT_NUM_THREADS or cores)");
+  cmd->add_option("--topk", run->top_k, "Experts per token, as the router chose them")->required();
+  cmd->add_option("--row-idx-type", run->row_idx_type,
+                  "0: gather (row -> slot), 1: scatter (slot -> row, -1 for a dropped slot)")
+      ->capture_default_str();
+  cmd->add_option("--group-list-type", run->group_list_type, "count | cumsum")
+      ->capture_default_str();
+  cmd->add_option("--dtype", run->dtype,
+                  "Compute dtype f32|f16|bf16 (default: --grad-y's file; float64 files: f32)");
+  cmd->add_option("--threads", run->threads, "Threads, 0: GRADKIT_NUM_THREADS or all cores")
+      ->capture_default_str();
   cmd->add_option("--out", run->out_path, "Output gradX [batch, K] (.npy, float32)")->required();
+  cmd->add_flag("-q,--quiet", run->quiet, "No routing summary on stderr (warnings and errors remain)");
   cmd->callback([run] { RunMoeGrad(*run); });
 
   auto plan = std::make_shared<MoePlanOptions>();
   auto* plan_cmd = commands.plan.add_subcommand("moe-grad", "Print the MoE backward plan as JSON");
-  plan_cmd->add_option("--shape", plan->shape, "Preset S1..S4 (default S1); the options below override it");
+  AddShapeMisuse(*plan_cmd);
+  plan_cmd->add_option("--preset", plan->preset,
+                       "Shape preset S1..S4 (see `gradkit bench moe-grad --help`); the options "
+                       "below override its dimensions")
+      ->capture_default_str();
   plan_cmd->add_option("--batch", plan->batch, "Tokens");
   plan_cmd->add_option("--topk", plan->top_k, "Experts per token");
   plan_cmd->add_option("--experts", plan->g, "G");
@@ -265,9 +435,17 @@ void RegisterMoeGradCommands(CommandSet& commands) {
   auto bench = std::make_shared<MoeBenchOptions>();
   auto* bench_cmd = commands.bench.add_subcommand(
       "moe-grad", "MoE backward GFLOP/s vs dense GEMM, the unfused composite and libtorch");
-  bench_cmd->add_option("--shape", bench->shape, "Only this shape (S1..S4)");
+  AddShapeMisuse(*bench_cmd);
+  bench_cmd->add_option("--preset", bench->preset, PresetHelp());
+  bench_cmd->add_option("--batch", bench->batch, "Tokens: with any of these five, one shape of yours (the "
+                        "preset's, S1's by default, for the dimensions not given)");
+  bench_cmd->add_option("--topk", bench->top_k, "Experts per token");
+  bench_cmd->add_option("--experts", bench->g, "G, the number of experts");
+  bench_cmd->add_option("--k", bench->k, "K (gradX columns, the model dimension)");
+  bench_cmd->add_option("--n", bench->n, "N (gradY columns, the expert's hidden dimension)");
   bench_cmd->add_option("--dtype", bench->dtype, "Only this dtype (f32|f16|bf16)");
-  bench_cmd->add_option("--threads", bench->threads, "Threads (default: configured)");
+  bench_cmd->add_option("--threads", bench->threads, "Threads, 0: GRADKIT_NUM_THREADS or all cores")
+      ->capture_default_str();
   bench_cmd->add_option("--min-time", bench->min_seconds, "Seconds per case (default 0.5)");
   bench_cmd->add_flag("--json", bench->json, "One JSON object per case and line");
   bench_cmd->callback([bench] { RunMoeBench(*bench); });

@@ -5,4 +5,5 @@
 namespace gk::cli {
 void RegisterMoeGradCommands(CommandSet&) {}
 void RunMoeGradDemo() {}
+void PrintMoeGradInfo() {}
 }  // namespace gk::cli

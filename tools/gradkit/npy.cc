@@ -1,11 +1,14 @@
 #include "tools/gradkit/npy.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "tools/gradkit/cli_util.h"
@@ -79,7 +82,11 @@ int64_t NpyArray::elems() const {
   return n;
 }
 
-NpyArray ParseNpy(const uint8_t* data, size_t size, const std::string& name) {
+namespace {
+
+// Where the header ends and the payload starts, from the first 12 bytes at most (`size` of them
+// are at hand) and the size of the whole file.
+size_t HeaderEnd(const uint8_t* data, size_t size, uint64_t file_size, const std::string& name) {
   if (size < 10 || std::memcmp(data, kMagic, 6) != 0) {
     throw CliError(fmt::format("{}: not a .npy file (bad magic)", name));
   }
@@ -96,10 +103,16 @@ NpyArray ParseNpy(const uint8_t* data, size_t size, const std::string& name) {
   } else {
     throw CliError(fmt::format("{}: .npy format version {} is not supported", name, major));
   }
-  if (header_len > size - header_start) {
+  if (header_len > file_size - header_start) {
     throw CliError(fmt::format("{}: .npy header is truncated", name));
   }
-  const std::string header(reinterpret_cast<const char*>(data) + header_start, header_len);
+  return header_start + header_len;
+}
+
+// dtype and shape from the header's dict; checks that the file holds the payload they describe.
+// Returns the array without its bytes, and the payload's size.
+NpyArray ParseHeader(const std::string& header, uint64_t payload_available,
+                     const std::string& name, uint64_t* payload_bytes) {
   NpyArray array;
   std::string descr = HeaderValue(header, "descr", name);
   array.descr = descr.size() >= 2 ? descr.substr(1, descr.size() - 2) : descr;
@@ -124,59 +137,136 @@ NpyArray ParseNpy(const uint8_t* data, size_t size, const std::string& name) {
       throw CliError(fmt::format("{}: .npy shape {} is too large", name, shape_text));
     }
   }
-  const size_t payload = size - header_start - header_len;
-  if (static_cast<uint64_t>(bytes) > payload) {
+  if (static_cast<uint64_t>(bytes) > payload_available) {
     throw CliError(fmt::format("{}: .npy data is truncated: {} bytes for shape {}, {} expected",
-                               name, payload, shape_text, bytes));
+                               name, payload_available, shape_text, bytes));
   }
-  const uint8_t* start = data + header_start + header_len;
-  array.bytes.assign(start, start + bytes);
+  *payload_bytes = static_cast<uint64_t>(bytes);
+  return array;
+}
+
+// Reads exactly `size` bytes at the file's current position.
+bool ReadFully(int fd, uint8_t* out, size_t size) {
+  while (size > 0) {
+    const ssize_t got = ::read(fd, out, std::min<size_t>(size, size_t{1} << 30));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    out += got;
+    size -= static_cast<size_t>(got);
+  }
+  return true;
+}
+
+}  // namespace
+
+NpyArray ParseNpy(const uint8_t* data, size_t size, const std::string& name) {
+  const size_t header_end = HeaderEnd(data, size, size, name);
+  const size_t header_start = data[6] == 1 ? 10 : 12;
+  const std::string header(reinterpret_cast<const char*>(data) + header_start,
+                           header_end - header_start);
+  uint64_t payload_bytes = 0;
+  NpyArray array = ParseHeader(header, size - header_end, name, &payload_bytes);
+  const uint8_t* start = data + header_end;
+  array.bytes.assign(start, start + payload_bytes);
   return array;
 }
 
 NpyArray ReadNpy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CliError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  if (size < 0) throw CliError(fmt::format("{}: cannot read", path));
-  if (size > kMaxNpyBytes) throw CliError(fmt::format("{}: file is too large", path));
-  in.seekg(0, std::ios::beg);
-  std::vector<uint8_t> data(static_cast<size_t>(size));
-  if (size > 0 && !in.read(reinterpret_cast<char*>(data.data()), size)) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw CliError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat info;
+  if (::fstat(fd, &info) != 0) {
+    throw CliError(fmt::format("{}: cannot read: {}", path, std::strerror(errno)));
+  }
+  if (S_ISDIR(info.st_mode)) throw CliError(fmt::format("{}: is a directory, not a .npy file", path));
+  if (!S_ISREG(info.st_mode)) throw CliError(fmt::format("{}: not a regular file", path));
+  const auto file_size = static_cast<uint64_t>(info.st_size);
+  if (file_size > static_cast<uint64_t>(kMaxNpyBytes)) {
+    throw CliError(fmt::format("{}: file is too large", path));
+  }
+  uint8_t preamble[12];
+  const size_t preamble_size = static_cast<size_t>(std::min<uint64_t>(file_size, sizeof preamble));
+  if (!ReadFully(fd, preamble, preamble_size)) throw CliError(fmt::format("{}: cannot read", path));
+  const size_t header_end = HeaderEnd(preamble, preamble_size, file_size, path);
+  const size_t header_start = preamble[6] == 1 ? 10 : 12;
+  std::string header(header_end - header_start, '\0');
+  std::memcpy(header.data(), preamble + header_start,
+              std::min(header.size(), preamble_size - header_start));
+  if (header.size() > preamble_size - header_start &&
+      !ReadFully(fd, reinterpret_cast<uint8_t*>(header.data()) + (preamble_size - header_start),
+                 header.size() - (preamble_size - header_start))) {
     throw CliError(fmt::format("{}: cannot read", path));
   }
-  return ParseNpy(data.data(), data.size(), path);
+  uint64_t payload_bytes = 0;
+  NpyArray array = ParseHeader(header, file_size - header_end, path, &payload_bytes);
+  array.bytes.resize(static_cast<size_t>(payload_bytes));
+  if (!ReadFully(fd, array.bytes.data(), array.bytes.size())) {
+    throw CliError(fmt::format("{}: cannot read", path));
+  }
+  return array;
 }
 
-void WriteNpyAtomic(const std::string& path, const NpyArray& array) {
-  std::string shape;
-  for (int64_t d : array.shape) shape += fmt::format("{}, ", d);
-  if (array.shape.size() > 1) shape.resize(shape.size() - 2);
-  if (array.shape.size() == 1) shape.resize(shape.size() - 1);
-  std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}",
-                                   array.descr, shape);
+NpyFileWriter::NpyFileWriter(const std::string& path, const std::string& descr,
+                             const std::vector<int64_t>& shape)
+    : path_(path), temp_(fmt::format("{}.tmp.{}", path, getpid())) {
+  std::string dims;
+  for (int64_t d : shape) dims += fmt::format("{}, ", d);
+  if (shape.size() > 1) dims.resize(dims.size() - 2);
+  if (shape.size() == 1) dims.resize(dims.size() - 1);
+  std::string header =
+      fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}", descr, dims);
   const size_t unpadded = 10 + header.size() + 1;
   header.append((64 - unpadded % 64) % 64, ' ');
   header.push_back('\n');
 
-  const std::string temp = fmt::format("{}.tmp.{}", path, getpid());
-  FILE* f = std::fopen(temp.c_str(), "wb");
-  if (f == nullptr) {
-    throw CliError(fmt::format("{}: cannot write: {}", path, std::strerror(errno)));
+  file_ = std::fopen(temp_.c_str(), "wb");
+  if (file_ == nullptr) {
+    throw CliError(fmt::format("{}: cannot write: {}", path_, std::strerror(errno)));
   }
   const uint8_t preamble[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
                                 static_cast<uint8_t>(header.size() & 0xff),
                                 static_cast<uint8_t>(header.size() >> 8)};
-  bool ok = std::fwrite(preamble, 1, sizeof preamble, f) == sizeof preamble &&
-            std::fwrite(header.data(), 1, header.size(), f) == header.size() &&
-            std::fwrite(array.bytes.data(), 1, array.bytes.size(), f) == array.bytes.size();
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok || std::rename(temp.c_str(), path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
-    std::remove(temp.c_str());
-    throw CliError(fmt::format("{}: cannot write: {}", path, reason));
+  Append(preamble, sizeof preamble);
+  Append(header.data(), header.size());
+}
+
+NpyFileWriter::~NpyFileWriter() {
+  if (file_ != nullptr) {
+    std::fclose(file_);
+    std::remove(temp_.c_str());
   }
+}
+
+void NpyFileWriter::Fail(int error) {
+  if (file_ != nullptr) std::fclose(file_);
+  file_ = nullptr;
+  std::remove(temp_.c_str());
+  throw CliError(fmt::format("{}: cannot write: {}", path_, std::strerror(error)));
+}
+
+void NpyFileWriter::Append(const void* data, size_t bytes) {
+  if (bytes > 0 && std::fwrite(data, 1, bytes, file_) != bytes) Fail(errno);
+}
+
+void NpyFileWriter::Commit() {
+  FILE* file = file_;
+  file_ = nullptr;
+  if (std::fclose(file) != 0) {
+    const int error = errno;
+    std::remove(temp_.c_str());
+    throw CliError(fmt::format("{}: cannot write: {}", path_, std::strerror(error)));
+  }
+  if (std::rename(temp_.c_str(), path_.c_str()) != 0) Fail(errno);
+}
+
+void WriteNpyAtomic(const std::string& path, const NpyArray& array) {
+  NpyFileWriter writer(path, array.descr, array.shape);
+  writer.Append(array.bytes.data(), array.bytes.size());
+  writer.Commit();
 }
 
 }  // namespace gk::cli

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -15,12 +16,31 @@ struct NpyArray {
 };
 
 // Throws CliError naming the file and what is wrong (missing, malformed, truncated, too large,
-// unsupported dtype or Fortran order).
+// unsupported dtype or Fortran order). ReadNpy reads the header first and the payload straight
+// into `bytes`: the data is in memory once.
 NpyArray ReadNpy(const std::string& path);
 NpyArray ParseNpy(const uint8_t* data, size_t size, const std::string& name);
 
-// Writes to a temporary file beside `path`, then renames it over `path`: an existing file is
-// replaced whole or left untouched.
+// An .npy file written piece by piece into a temporary file beside `path`, renamed over `path`
+// by Commit(): an existing file is replaced whole or left untouched. Without Commit() (an error
+// on the way) the temporary file is removed. Throws CliError naming `path`.
+class NpyFileWriter {
+ public:
+  NpyFileWriter(const std::string& path, const std::string& descr,
+                const std::vector<int64_t>& shape);
+  ~NpyFileWriter();
+  NpyFileWriter(const NpyFileWriter&) = delete;
+  NpyFileWriter& operator=(const NpyFileWriter&) = delete;
+
+  void Append(const void* data, size_t bytes);
+  void Commit();
+
+ private:
+  [[noreturn]] void Fail(int error);
+  std::string path_, temp_;
+  FILE* file_ = nullptr;
+};
+
 void WriteNpyAtomic(const std::string& path, const NpyArray& array);
 
 }  // namespace gk::cli

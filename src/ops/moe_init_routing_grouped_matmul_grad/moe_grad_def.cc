@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/error.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_routing.h"
 
 namespace gk {
@@ -40,6 +41,28 @@ gkStatus CheckAttributes(std::string_view api, const MoeGradArgs& a) {
   return GK_SUCCESS;
 }
 
+// gradY's columns are weight's N. When they match K instead, weight is most likely in
+// nn.Linear's [G, N, K] layout; the error says so.
+gkStatus CheckGradYColumns(std::string_view api, const gkTensor& dy, const gkTensor& w,
+                           const MoeGradShape& s) {
+  if (dy.dims[1] == s.n || dy.dims[1] != s.k) {
+    return CheckDimIs(api, dy, "gradY", 1, s.n, "N, weight.shape[2]");
+  }
+  return Fail(GK_ERROR_PARAM_INVALID, api,
+              "gradY has {} columns, which is K (weight.shape[1]) and not N = {} "
+              "(weight.shape[2]), with weight of shape {}: K and N look swapped; weight must be "
+              "[G, K, N] (nn.Linear stores [G, N, K]: transpose its last two dims)",
+              dy.dims[1], s.n, ShapeString(w));
+}
+
+// Appends RowIdxTypeHint to the recent error of a failed index check.
+gkStatus WithRowIdxTypeHint(gkStatus status, const gkTensor& idx, const MoeGradShape& s) {
+  if (status == GK_SUCCESS) return status;
+  const std::string hint = RowIdxTypeHint(idx, s);
+  if (!hint.empty()) SetRecentError(std::string(gkGetRecentErrMsg()) + hint);
+  return status;
+}
+
 gkStatus CheckShapes(std::string_view api, const MoeGradArgs& a, MoeGradShape* s) {
   const gkTensor& dy = *a.grad_y;
   const gkTensor& w = *a.weight;
@@ -73,7 +96,7 @@ gkStatus CheckShapes(std::string_view api, const MoeGradArgs& a, MoeGradShape* s
     return Fail(GK_ERROR_PARAM_INVALID, api,
                 "weight has shape {}: G, K and N must each be below 2^31", ShapeString(w));
   }
-  GK_RETURN_IF_ERROR(CheckDimIs(api, dy, "gradY", 1, s->n, "N, weight.shape[2]"));
+  GK_RETURN_IF_ERROR(CheckGradYColumns(api, dy, w, *s));
   GK_RETURN_IF_ERROR(CheckDimIs(api, groups, "groupList", 0, s->g, "G, weight.shape[0]"));
   GK_RETURN_IF_ERROR(CheckDimIs(api, dx, "gradX", 0, s->batch, "batch"));
   GK_RETURN_IF_ERROR(CheckDimIs(api, dx, "gradX", 1, s->k, "K, weight.shape[1]"));
@@ -91,8 +114,10 @@ gkStatus CheckShapes(std::string_view api, const MoeGradArgs& a, MoeGradShape* s
   if (s->row_idx_type == RowIdxType::kScatter && s->l != s->slots()) {
     return Fail(GK_ERROR_PARAM_INVALID, api,
                 "expandedRowIdx has {} entries; rowIdxType 1 needs one per original slot, "
-                "batch {} * topK {} = {}",
-                s->l, s->batch, s->top_k, s->slots());
+                "batch {} * topK {} = {}{}",
+                s->l, s->batch, s->top_k, s->slots(),
+                s->l == s->m ? " (M entries, the length of a gather index: is it rowIdxType 0?)"
+                             : "");
   }
   return GK_SUCCESS;
 }
@@ -144,9 +169,9 @@ gkStatus CheckMoeGrad(std::string_view api, const MoeGradArgs& a, MoeGradShape* 
   std::vector<int64_t> group_offsets(static_cast<size_t>(s->g + 1));
   GK_RETURN_IF_ERROR(BuildGroupOffsets(api, groups, *s, group_offsets.data()));
   std::vector<int64_t> row_token(static_cast<size_t>(s->m));
-  GK_RETURN_IF_ERROR(BuildRowTokens(api, idx, *s, row_token.data()));
+  GK_RETURN_IF_ERROR(WithRowIdxTypeHint(BuildRowTokens(api, idx, *s, row_token.data()), idx, *s));
   if (s->row_idx_type == RowIdxType::kGather) {
-    GK_RETURN_IF_ERROR(CheckDistinctSlots(api, idx, *s));
+    GK_RETURN_IF_ERROR(WithRowIdxTypeHint(CheckDistinctSlots(api, idx, *s), idx, *s));
   }
   return GK_SUCCESS;
 }

@@ -130,6 +130,47 @@ gkStatus CheckDistinctSlots(std::string_view api, const gkTensor& idx, const Moe
   return GK_SUCCESS;
 }
 
+namespace {
+
+// rowIdxType 0's rules: L >= M, the first M entries distinct slots in [0, batch * topK).
+bool ValidAsGather(const gkTensor& idx, const MoeGradShape& shape) {
+  if (shape.l < shape.m) return false;
+  std::vector<int64_t> slots(static_cast<size_t>(shape.m));
+  for (int64_t i = 0; i < shape.m; ++i) {
+    slots[i] = IndexAt(idx, i);
+    if (slots[i] < 0 || slots[i] >= shape.slots()) return false;
+  }
+  std::sort(slots.begin(), slots.end());
+  return std::adjacent_find(slots.begin(), slots.end()) == slots.end();
+}
+
+// rowIdxType 1's rules: one entry per slot, each row of [0, M) exactly once, -1 elsewhere.
+bool ValidAsScatter(const gkTensor& idx, const MoeGradShape& shape) {
+  if (shape.l != shape.slots()) return false;
+  std::vector<bool> named(static_cast<size_t>(shape.m));
+  int64_t count = 0;
+  for (int64_t p = 0; p < shape.l; ++p) {
+    const int64_t row = IndexAt(idx, p);
+    if (row == -1) continue;
+    if (row < 0 || row >= shape.m || named[row]) return false;
+    named[row] = true;
+    ++count;
+  }
+  return count == shape.m;
+}
+
+}  // namespace
+
+std::string RowIdxTypeHint(const gkTensor& idx, const MoeGradShape& shape) {
+  if (shape.row_idx_type == RowIdxType::kScatter && ValidAsGather(idx, shape)) {
+    return " (the values form a valid gather index: is it rowIdxType 0?)";
+  }
+  if (shape.row_idx_type == RowIdxType::kGather && ValidAsScatter(idx, shape)) {
+    return " (the values form a valid scatter index: is it rowIdxType 1?)";
+  }
+  return "";
+}
+
 void BuildChunkRows(const int64_t* group_offsets, const int64_t* row_token, int64_t g,
                     int64_t chunks, int64_t tokens_per_chunk, int64_t* chunk_starts,
                     int64_t* chunk_rows) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "core/tensor.h"
@@ -33,6 +34,11 @@ gkStatus BuildRowTokens(std::string_view api, const gkTensor& expanded_row_idx,
 // Uses O(min(batch * topK, 64 M) / 8) bytes of scratch memory.
 gkStatus CheckDistinctSlots(std::string_view api, const gkTensor& expanded_row_idx,
                             const MoeGradShape& shape);
+
+// A mix-up of the two index forms often fits the sizes but not the values. When the values
+// would pass the other rowIdxType's checks, returns a hint to append to the error, e.g.
+// " (the values form a valid scatter index: is it rowIdxType 1?)"; "" otherwise.
+std::string RowIdxTypeHint(const gkTensor& expanded_row_idx, const MoeGradShape& shape);
 
 // Rows grouped by token chunk (chunk = token / tokens_per_chunk), then by expert, ascending
 // within each: chunk c's rows of expert g are chunk_rows[starts[c * G + g] .. starts[c * G + g + 1]).
