@@ -1,19 +1,23 @@
 // Loads of float32 / float16 / bfloat16 as float32 vectors, and stores of float32 vectors that
 // round once to nearest even, with inf and NaN kept. The one place that knows how each Highway
 // version converts 16-bit floats:
-// - Highway >= 1.2 does both conversions correctly on every target, and natively where the CPU
-//   can (vcvtne2ps2bf16 on AVX3_ZEN4 and later, F16C, AVX512-FP16): we use its own.
-// - Highway 1.0 (Debian 12) truncates bfloat16 in DemoteTo, and converts float16 wrongly for inf
-//   and NaN on targets without F16C: there the rounding is done here in integer arithmetic (its
-//   F16C conversions, which round correctly, are kept on AVX2 and later).
+// - bfloat16: Highway >= 1.2 rounds correctly on every target, natively where the CPU can
+//   (vcvtne2ps2bf16 on AVX3_ZEN4 and later): we use its own. Highway 1.0 (Debian 12) truncates
+//   in DemoteTo: there the rounding is done here in integer arithmetic.
+// - float16: Highway's conversions where they are hardware (F16C on AVX2 and later, ARM), in
+//   every version. On targets without F16C (SSE2-SSE4) Highway 1.0 and 1.2 alike turn a NaN
+//   input into a finite value (1.2 found by the tests in a Debian 13 root): our integer
+//   conversions serve there.
 // Per-target header: included from inside HWY_NAMESPACE by foreach_target translation units.
 #include <hwy/highway.h>
 
-#ifndef GK_HWY_CONVERTS_16BIT
+// Highway's own bfloat16 conversions round to nearest even from 1.2 on. -DGK_HWY_CONVERTS_BF16=0
+// forces ours on a newer Highway (how the fallback is tested there).
+#ifndef GK_HWY_CONVERTS_BF16
 #if HWY_MAJOR > 1 || (HWY_MAJOR == 1 && HWY_MINOR >= 2)
-#define GK_HWY_CONVERTS_16BIT 1
+#define GK_HWY_CONVERTS_BF16 1
 #else
-#define GK_HWY_CONVERTS_16BIT 0
+#define GK_HWY_CONVERTS_BF16 0
 #endif
 #endif
 
@@ -61,9 +65,8 @@ struct F32Storage { using Lane = float; };
 struct F16Storage { using Lane = hwy::float16_t; };
 struct Bf16Storage { using Lane = hwy::bfloat16_t; };
 
-#if !GK_HWY_CONVERTS_16BIT
-// float16 bits -> float32, exact for every input (Highway 1.0 turns inf and NaN into finite
-// values on targets without F16C).
+// float16 bits -> float32, exact for every input (Highway turns NaN, and 1.0 also inf, into
+// finite values on targets without F16C).
 template <class DF>
 HWY_INLINE hn::Vec<DF> F32FromF16Bits(DF df, hn::Vec<hn::Rebind<uint16_t, DF>> h) {
   const hn::RebindToUnsigned<DF> du32;
@@ -85,25 +88,22 @@ HWY_INLINE hn::Vec<DF> F32FromF16Bits(DF df, hn::Vec<hn::Rebind<uint16_t, DF>> h
 
 // Whether Highway 1.0's own float16 conversions are right on this target (F16C, or ARM's).
 inline constexpr bool kHwyF16IsHardware = (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || HWY_ARCH_ARM;
-#endif  // !GK_HWY_CONVERTS_16BIT
 
 template <class Storage, class DF>
 HWY_INLINE hn::Vec<DF> LoadAsF32(DF df, const typename Storage::Lane* HWY_RESTRICT p) {
   if constexpr (std::is_same_v<Storage, F32Storage>) {
     return hn::LoadU(df, p);
   } else {
-#if !GK_HWY_CONVERTS_16BIT
     if constexpr (std::is_same_v<Storage, F16Storage> && !kHwyF16IsHardware) {
       const hn::Rebind<uint16_t, DF> du16;
       return F32FromF16Bits(df, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p)));
     }
-#endif
     const hn::Rebind<typename Storage::Lane, DF> dh;
     return hn::PromoteTo(df, hn::LoadU(dh, p));
   }
 }
 
-#if !GK_HWY_CONVERTS_16BIT
+#if !GK_HWY_CONVERTS_BF16
 // float32 -> bfloat16, round to nearest even, as 32-bit lanes whose upper half holds the result;
 // NaN stays a quiet NaN.
 template <class DF>
@@ -119,7 +119,7 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> Bf16RneInUpperHalf(DF df, hn::Vec<D
 
 // Whether this target reaches vcvtne2ps2bf16 by inline assembly (see NativeBf16Allowed).
 #undef GK_HAS_BF16_ASM_TARGET
-#if !GK_HWY_CONVERTS_16BIT && HWY_ARCH_X86 && \
+#if !GK_HWY_CONVERTS_BF16 && HWY_ARCH_X86 && \
     (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL) && (HWY_COMPILER_GCC || HWY_COMPILER_CLANG)
 #define GK_HAS_BF16_ASM_TARGET 1
 inline constexpr bool kHasBf16Asm = true;
@@ -139,7 +139,7 @@ inline constexpr bool kHasBf16Asm = false;
 template <class DF>
 HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> Bf16BitsRne(DF df, hn::Vec<DF> v) {
   const hn::Rebind<uint16_t, DF> du16;
-#if GK_HWY_CONVERTS_16BIT
+#if GK_HWY_CONVERTS_BF16
   return hn::BitCast(du16, hn::DemoteTo(hn::Rebind<hwy::bfloat16_t, DF>(), v));
 #else
   const hn::RebindToSigned<DF> di32;
@@ -151,7 +151,6 @@ HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> Bf16BitsRne(DF df, hn::Vec<DF> v) {
 template <class DF>
 HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> F16BitsRne(DF df, hn::Vec<DF> v) {
   const hn::Rebind<uint16_t, DF> du16;
-#if !GK_HWY_CONVERTS_16BIT
   if constexpr (!kHwyF16IsHardware) {
     const hn::RebindToUnsigned<DF> du32;
     const hn::RebindToSigned<DF> di32;
@@ -178,8 +177,7 @@ HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> F16BitsRne(DF df, hn::Vec<DF> v) {
     out = hn::Or(out, hn::ShiftRight<16>(sign));
     return hn::DemoteTo(du16, hn::BitCast(di32, out));
   }
-#endif
-  // The hardware conversion (or Highway >= 1.2's) rounds to nearest even.
+  // The hardware conversion rounds to nearest even.
   return hn::BitCast(du16, hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), v));
 }
 
@@ -224,7 +222,7 @@ HWY_INLINE void StorePairFromF32(DF df, hn::Vec<DF> v0, hn::Vec<DF> v1,
     if constexpr (std::is_same_v<Storage, F16Storage>) {
       joined = hn::Combine(du16, F16BitsRne(df, v1), F16BitsRne(df, v0));
     } else {
-#if GK_HWY_CONVERTS_16BIT
+#if GK_HWY_CONVERTS_BF16
       joined = hn::BitCast(du16, hn::OrderedDemote2To(hn::Repartition<hwy::bfloat16_t, DF>(), v0, v1));
 #else
       if constexpr (kBf16Asm) {
