@@ -133,7 +133,8 @@ namespace {
 
 constexpr std::string_view kCreateTensor = "gkCreateTensor";
 
-gkTensor* CreateTensor(const int64_t* dims, uint64_t ndims, gkDataType dtype,
+// dtype_value: the bits of the caller's gkDataType (see gkCreateTensor).
+gkTensor* CreateTensor(const int64_t* dims, uint64_t ndims, int32_t dtype_value,
                        const int64_t* strides, int64_t offset, void* data) {
   constexpr std::string_view kApi = kCreateTensor;
   if (ndims > GK_MAX_DESCRIPTOR_DIMS) {
@@ -145,11 +146,6 @@ gkTensor* CreateTensor(const int64_t* dims, uint64_t ndims, gkDataType dtype,
     gk::Fail(GK_ERROR_NULLPTR, kApi, "dims is NULL while ndims is {}", ndims);
     return nullptr;
   }
-  // A C caller may pass any int: read the enum's bits, not its value (in C++ loading an enum
-  // outside its range is undefined, and the compiler may assume it never happens).
-  int32_t dtype_value;
-  static_assert(sizeof dtype_value == sizeof dtype);
-  std::memcpy(&dtype_value, &dtype, sizeof dtype_value);
   if (!gk::IsKnownDType(dtype_value)) {
     gk::Fail(GK_ERROR_PARAM_INVALID, kApi, "dtype {} is not a gkDataType", dtype_value);
     return nullptr;
@@ -201,8 +197,14 @@ gkTensor* CreateTensor(const int64_t* dims, uint64_t ndims, gkDataType dtype,
 
 extern "C" gkTensor* gkCreateTensor(const int64_t* dims, uint64_t ndims, gkDataType dtype,
                                     const int64_t* strides, int64_t offset, void* data) {
-  return gk::GuardCApi(kCreateTensor, static_cast<gkTensor*>(nullptr),
-                       [&] { return CreateTensor(dims, ndims, dtype, strides, offset, data); });
+  // A C caller may pass any int: read the enum's bits, not its value (in C++ loading an enum
+  // outside its range is undefined, and the compiler may assume it never happens).
+  int32_t dtype_value;
+  static_assert(sizeof dtype_value == sizeof dtype);
+  std::memcpy(&dtype_value, &dtype, sizeof dtype_value);
+  return gk::GuardCApi(kCreateTensor, static_cast<gkTensor*>(nullptr), [&] {
+    return CreateTensor(dims, ndims, dtype_value, strides, offset, data);
+  });
 }
 
 extern "C" gkStatus gkDestroyTensor(const gkTensor* tensor) {
