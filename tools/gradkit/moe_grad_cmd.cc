@@ -510,15 +510,15 @@ void RunMoeGradDemo() {
               "of the unfused path (%.1fx less)\n",
               workspace_bytes / 1024.0, expanded_bytes / 1024.0,
               static_cast<double>(expanded_bytes) / static_cast<double>(workspace_bytes));
-  // The seed's motivating size, from the plan alone: M = 108 K tokens, K = 7168.
+  // The Ascend design's motivating size, from the plan alone: M = 108 K tokens, K = 7168.
   MoeGradShape big{};
   big.batch = 55296, big.top_k = 2, big.m = 110592, big.g = 60, big.k = 7168, big.n = 2048;
   big.l = big.m, big.dtype = DType::kBF16, big.index_dtype = DType::kI64;
   big.row_idx_type = RowIdxType::kGather, big.group_list_type = GroupListType::kCount;
   const MoeGradPlan plan = MakeMoeGradPlan(big, DetectMoeGradMachine(big));
   const uint64_t big_expanded = static_cast<uint64_t>(big.m) * big.k * 4;
-  std::printf("  at the seed's size (M 110592, K 7168, N 2048, G 60, bf16, %d threads): workspace "
-              "%.1f MiB instead of %.2f GiB\n",
+  std::printf("  at the Ascend design's own size (M 110592, K 7168, N 2048, G 60, bf16, %d "
+              "threads): workspace %.1f MiB instead of %.2f GiB\n",
               plan.threads, plan.workspace_bytes / 1048576.0, big_expanded / 1073741824.0);
 }
 
