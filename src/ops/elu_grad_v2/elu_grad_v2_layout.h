@@ -20,6 +20,16 @@ struct EluGradV2Layout {
 inline EluGradV2Layout MergeEluGradV2Dims(const gkTensor& dy, const gkTensor& x, const gkTensor& y) {
   EluGradV2Layout layout{dy, x, y};
   gkTensor* views[3] = {&layout.dy, &layout.x, &layout.y};
+  bool empty = false;
+  for (int d = 0; d < dy.ndims; ++d) empty = empty || dy.dims[d] == 0;
+  if (empty) {  // nothing to walk; the other dims may multiply past int64 (checks allow it)
+    for (gkTensor* v : views) {
+      v->ndims = 1;
+      v->dims[0] = 0;
+      v->strides[0] = 1;
+    }
+    return layout;
+  }
   for (gkTensor* v : views) v->ndims = 0;
   // Outermost to innermost, appending each kept dim or merging it into the last one kept.
   for (int d = 0; d < dy.ndims; ++d) {
