@@ -1,5 +1,5 @@
-// libtorch as a peer in the benchmarks. Only torch_peer*.cc include libtorch's headers; without
-// libtorch (GRADKIT_HAVE_TORCH undefined) these report that the peer is absent.
+// libtorch as a peer in the benchmarks. The peer lives in a module loaded on first use
+// (torch_peer_abi.h, torch_peer_loader.cc); these report why it is absent when it cannot be loaded.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +11,9 @@
 
 namespace gk::bench {
 
-bool TorchPeerAvailable();
-std::string TorchPeerVersion();  // "" when absent
+bool TorchPeerAvailable();          // loads the module on first call
+std::string TorchPeerVersion();     // "" when absent
+std::string TorchPeerWhyAbsent();   // "" when available
 
 // A callable running at::elu_backward_out on the given contiguous buffers with `threads` intra-op
 // threads, or nullopt (with `why`) when libtorch is absent or rejects the dtype.

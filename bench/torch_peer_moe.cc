@@ -1,13 +1,13 @@
-// Compiled only when libtorch is found.
+// Part of the libtorch peer module (see torch_peer_abi.h): the MoE backward as PyTorch composes it.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "bench/torch_peer_moe.h"
+#include "bench/torch_peer_abi.h"
 #include "bench/torch_peer_util.h"
 
-namespace gk::bench {
+namespace gk::bench::torch_module {
 
-std::optional<std::function<void()>> MakeTorchMoeGradComposite(
+PeerRun MakeMoeGradComposite(
     const void* dy, const void* w, void* dx, DType dtype, int64_t m, int64_t n, int64_t k,
     int64_t batch, const std::vector<int64_t>& group_counts, const std::vector<int64_t>& row_token,
     int32_t threads, std::string* why) {
@@ -35,4 +35,4 @@ std::optional<std::function<void()>> MakeTorchMoeGradComposite(
   return TryTorchPeer(run, why);
 }
 
-}  // namespace gk::bench
+}  // namespace gk::bench::torch_module

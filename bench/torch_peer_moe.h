@@ -1,6 +1,6 @@
 // libtorch as a peer of MoeInitRoutingGroupedMatmulGrad: the composite PyTorch autograd runs,
-// per-expert at::mm into a full d_expanded_x, then index_add_ into gradX. Only torch_peer_moe.cc
-// includes libtorch; torch_peer_moe_absent.cc stands in without it.
+// per-expert at::mm into a full d_expanded_x, then index_add_ into gradX. Loaded on first use, like
+// every peer (torch_peer_abi.h).
 #pragma once
 
 #include <cstdint>

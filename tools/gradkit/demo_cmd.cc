@@ -93,9 +93,11 @@ void PrintInfo() {
   std::printf("cpu isa:    %s (available: %s)\n", gkGetCpuIsa(),
               fmt::format("{}", fmt::join(AvailableIsas(), ", ")).c_str());
   std::printf("threads:    %d\n", gkGetNumThreads());
-  std::printf("libtorch:   %s\n", bench::TorchPeerAvailable()
-                                      ? fmt::format("{} (benchmark peer)", bench::TorchPeerVersion()).c_str()
-                                      : "not found at build time (peer benchmarks skipped)");
+  std::printf("libtorch:   %s\n",
+              bench::TorchPeerAvailable()
+                  ? fmt::format("{} (benchmark peer, loaded by `gradkit bench` only)",
+                                bench::TorchPeerVersion()).c_str()
+                  : fmt::format("{} (peer benchmarks skipped)", bench::TorchPeerWhyAbsent()).c_str());
   PrintMoeGradInfo();
 }
 

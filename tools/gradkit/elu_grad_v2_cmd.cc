@@ -138,7 +138,9 @@ void RunEluBench(const EluBenchOptions& o) {
   if (!o.json) {
     std::printf("EluGradV2 on CPU (%s), %d threads; GB/s = bytes read + written per second\n",
                 ChosenIsa().c_str(), threads);
-    if (!bench::TorchPeerAvailable()) std::printf("libtorch peer: skipped (not installed)\n");
+    if (!bench::TorchPeerAvailable()) {
+      std::printf("libtorch peer: skipped (%s)\n", bench::TorchPeerWhyAbsent().c_str());
+    }
     std::printf("%-9s %-7s %10s %-20s %9s %9s %8s %9s %9s %9s %9s\n", "dtype", "mode", "elems",
                 "plan", "GB/s", "copy", "vs copy", "torch", "vs torch", "sliced", "vs contig");
   }

@@ -35,8 +35,6 @@ endif()
 target_sources(gradkit_bench PRIVATE ${CMAKE_SOURCE_DIR}/bench/moe_grad_bench.cc)
 if(GRADKIT_HAVE_TORCH)
   target_sources(gradkit_torch_peer PRIVATE ${CMAKE_SOURCE_DIR}/bench/torch_peer_moe.cc)
-else()
-  target_sources(gradkit_bench PRIVATE ${CMAKE_SOURCE_DIR}/bench/torch_peer_moe_absent.cc)
 endif()
 
 target_sources(gradkit_cli PRIVATE ${CMAKE_SOURCE_DIR}/tools/gradkit/moe_grad_cmd.cc)
