@@ -10,8 +10,11 @@
  *
  * Shapes: gradY [M, N] and weight [G, K, N], same dtype (GK_FLOAT, GK_FLOAT16, GK_BF16);
  * expandedRowIdx [L] and groupList [G], each GK_INT64 or GK_INT32; gradX [batch, K] GK_FLOAT,
- * fully written (rows that receive nothing are 0). All tensors C-contiguous; gradX shares no
- * byte with any input. batch > 0, topK > 0, M <= batch * topK (less when slots were dropped).
+ * fully written (rows that receive nothing are 0). All tensors C-contiguous, except that weight
+ * may instead be the transposed view of a C-contiguous [G, N, K] buffer (nn.Linear's layout,
+ * aclnn's transposed weight): shape [G, K, N], strides (K*N, 1, K). It is read in place, with
+ * the same result bits as its contiguous [G, K, N] copy. gradX shares no byte with any input.
+ * batch > 0, topK > 0, M <= batch * topK (less when slots were dropped).
  *
  * groupList: GK_GROUP_LIST_COUNT: groupList[g] rows for expert g (>= 0, total M);
  *            GK_GROUP_LIST_CUMSUM: the running total (non-decreasing, >= 0, last = M).

@@ -220,4 +220,21 @@ def test_scatter_values_out_of_range_get_the_hint(cli, tmp_path):
 def test_weight_in_linear_layout_is_named(cli, tmp_path):
     moe_case(tmp_path)
     one_error(cli(*moe_args(tmp_path, weight="w_nk.npy"), check=False),
-              "K and N look swapped", "nn.Linear")
+              "K and N look swapped", "nn.Linear", "--transpose-weight")
+
+
+def test_transpose_weight_reads_linear_layout(cli, tmp_path):
+    """--transpose-weight takes nn.Linear's [G, N, K] as it is: the bytes of the [G, K, N] run."""
+    moe_case(tmp_path)
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((3, 16, 8)).astype(np.float32)
+    dy = rng.standard_normal(np.load(tmp_path / "dy.npy").shape).astype(np.float32)
+    np.save(tmp_path / "dy.npy", dy)
+    np.save(tmp_path / "w.npy", w)
+    np.save(tmp_path / "w_nk.npy", np.ascontiguousarray(w.transpose(0, 2, 1)))
+    cli(*moe_args(tmp_path), "-q")
+    gkn = np.load(tmp_path / "dx.npy")
+    cli(*moe_args(tmp_path, weight="w_nk.npy"), "--transpose-weight", "-q")
+    assert np.array_equal(np.load(tmp_path / "dx.npy"), gkn)
+    one_error(cli(*moe_args(tmp_path), "--transpose-weight", check=False),
+              "--transpose-weight", "looks [G, K, N] already")

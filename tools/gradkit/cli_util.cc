@@ -231,9 +231,10 @@ NpyArray NpyFromBuffer(const void* data, int64_t elems, DType dtype,
   return array;
 }
 
-TensorHandle MakeTensor(const std::vector<int64_t>& shape, DType dtype, void* data) {
+TensorHandle MakeTensor(const std::vector<int64_t>& shape, DType dtype, void* data,
+                        const std::vector<int64_t>& strides) {
   gkTensor* t = gkCreateTensor(shape.data(), shape.size(), static_cast<gkDataType>(dtype),
-                               nullptr, 0, data);
+                               strides.empty() ? nullptr : strides.data(), 0, data);
   if (t == nullptr) throw CliError(gkGetRecentErrMsg());
   return TensorHandle(t);
 }

@@ -80,7 +80,9 @@ struct TensorDeleter {
   void operator()(gkTensor* t) const { gkDestroyTensor(t); }
 };
 using TensorHandle = std::unique_ptr<gkTensor, TensorDeleter>;
-TensorHandle MakeTensor(const std::vector<int64_t>& shape, DType dtype, void* data);
+// strides: empty for C-contiguous.
+TensorHandle MakeTensor(const std::vector<int64_t>& shape, DType dtype, void* data,
+                        const std::vector<int64_t>& strides = {});
 
 struct ExecutorDeleter {
   void operator()(gkOpExecutor* e) const { gkDestroyExecutor(e); }

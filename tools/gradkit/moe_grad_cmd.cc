@@ -25,6 +25,10 @@
 namespace gk::cli {
 namespace {
 
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
 gkGroupListType ParseGroupListType(const std::string& text) {
   if (text == "count") return GK_GROUP_LIST_COUNT;
   if (text == "cumsum") return GK_GROUP_LIST_CUMSUM;
@@ -49,8 +53,10 @@ struct MoeGradRun {
   std::vector<float> grad_x;
   uint64_t workspace_bytes;
 };
+// w_strides: empty for a C-contiguous weight.
 MoeGradRun RunMoeGradOp(const void* dy, const std::vector<int64_t>& dy_shape, const void* w,
-                        const std::vector<int64_t>& w_shape, DType dtype, const void* idx,
+                        const std::vector<int64_t>& w_shape, const std::vector<int64_t>& w_strides,
+                        DType dtype, const void* idx,
                         const std::vector<int64_t>& idx_shape, DType idx_dtype,
                         const int64_t* groups, const std::vector<int64_t>& groups_shape,
                         int64_t batch, int64_t top_k, int64_t row_idx_type,
@@ -79,7 +85,7 @@ MoeGradRun RunMoeGradOp(const void* dy, const std::vector<int64_t>& dy_shape, co
                                k, out_bytes));
   }
   TensorHandle dy_t = MakeTensor(dy_shape, dtype, const_cast<void*>(dy));
-  TensorHandle w_t = MakeTensor(w_shape, dtype, const_cast<void*>(w));
+  TensorHandle w_t = MakeTensor(w_shape, dtype, const_cast<void*>(w), w_strides);
   TensorHandle idx_t = MakeTensor(idx_shape, idx_dtype, const_cast<void*>(idx));
   TensorHandle groups_t = MakeTensor(groups_shape, DType::kI64, const_cast<int64_t*>(groups));
   TensorHandle dx_t = MakeTensor({std::max<int64_t>(batch, 0), k}, DType::kF32, run.grad_x.data());
@@ -103,6 +109,7 @@ struct MoeGradOptions {
   std::string group_list_type = "count", dtype;
   int32_t threads = 0;
   bool quiet = false;
+  bool transpose_weight = false;  // the file holds [G, N, K]
 };
 
 // One line that makes a routing mix-up visible even when every check passes (a --topk other
@@ -167,16 +174,36 @@ void RunMoeGrad(const MoeGradOptions& o) {
   const auto idx = TakeAsIndex(idx_npy, idx_dtype, "--expanded-row-idx");
   const auto groups = TakeAsIndex(groups_npy, DType::kI64, "--group-list");
 
+  // The operator's weight is [G, K, N]; a [G, N, K] file is handed over as its transposed view.
+  std::vector<int64_t> w_shape = w_npy.shape, w_strides;
+  if (w_shape.size() == 3 && dy_npy.shape.size() == 2) {
+    const int64_t cols = dy_npy.shape[1];
+    if (o.transpose_weight) {
+      if (w_shape[1] != cols && w_shape[2] == cols) {
+        throw CliError(fmt::format("--weight has shape {} and --grad-y {} columns: with "
+                                   "--transpose-weight the weight must be [G, N, K] (N = {}); "
+                                   "this one looks [G, K, N] already: drop --transpose-weight",
+                                   ShapeText(w_shape), cols, cols));
+      }
+      w_shape = {w_npy.shape[0], w_npy.shape[2], w_npy.shape[1]};
+      w_strides = {w_npy.shape[1] * w_npy.shape[2], 1, w_npy.shape[2]};
+    } else if (w_shape[2] != cols && w_shape[1] == cols) {
+      throw CliError(fmt::format("--weight has shape {} and --grad-y {} columns (N): K and N look "
+                                 "swapped; the weight must be [G, K, N], or pass "
+                                 "--transpose-weight for nn.Linear's [G, N, K] layout",
+                                 ShapeText(w_shape), cols));
+    }
+  }
   ThrowIfFailed(gkSetNumThreads(o.threads), kMoeOptionNames);
   const MoeGradRun run = RunMoeGradOp(
-      dy.data(), dy_npy.shape, w.data(), w_npy.shape, dtype, idx.data(), idx_npy.shape, idx_dtype,
-      reinterpret_cast<const int64_t*>(groups.data()), groups_npy.shape, o.batch, o.top_k,
-      o.row_idx_type, group_list_type);
-  const int64_t k = w_npy.shape[1];
+      dy.data(), dy_npy.shape, w.data(), w_shape, w_strides, dtype, idx.data(), idx_npy.shape,
+      idx_dtype, reinterpret_cast<const int64_t*>(groups.data()), groups_npy.shape, o.batch,
+      o.top_k, o.row_idx_type, group_list_type);
+  const int64_t k = w_shape[1];
   WriteNpyFromBuffer(o.out_path, run.grad_x.data(), o.batch * k, DType::kF32, {o.batch, k});
   if (!o.quiet) {
     Note(RoutingSummary(o, idx.data(), idx_dtype, idx_npy.shape[0],
-                        reinterpret_cast<const int64_t*>(groups.data()), w_npy.shape[0],
+                        reinterpret_cast<const int64_t*>(groups.data()), w_shape[0],
                         dy_npy.shape[0]));
   }
 }
@@ -387,8 +414,10 @@ void RegisterMoeGradCommands(CommandSet& commands) {
   cmd->add_option("--grad-y", run->dy_path, "gradY [M, N]: the expanded rows' gradient (.npy, float)")
       ->required();
   cmd->add_option("--weight", run->w_path,
-                  "weight [G, K, N] (.npy, float; nn.Linear's [G, N, K] must be transposed)")
+                  "weight [G, K, N] (.npy, float), or [G, N, K] with --transpose-weight")
       ->required();
+  cmd->add_flag("--transpose-weight", run->transpose_weight,
+                "--weight holds [G, N, K] (nn.Linear's layout): read in place, not copied");
   cmd->add_option("--expanded-row-idx", run->idx_path,
                   "expandedRowIdx (.npy, <i8 or <i4): with --row-idx-type 0 the slot (token * topk "
                   "+ j) of each row, e.g. argsort(topk_ids.flatten(), stable)")
@@ -487,7 +516,7 @@ void RunMoeGradDemo() {
       w_r[i] = LoadAsF32(w.data(), i, dtype);
     }
     const auto start = std::chrono::steady_clock::now();
-    const MoeGradRun run = RunMoeGradOp(dy.data(), {m, kN}, w.data(), {kG, kK, kN}, dtype,
+    const MoeGradRun run = RunMoeGradOp(dy.data(), {m, kN}, w.data(), {kG, kK, kN}, {}, dtype,
                                         routing.gather_idx.data(), {m}, DType::kI64,
                                         routing.group_counts.data(), {kG}, kBatch, kTopK, 0,
                                         GK_GROUP_LIST_COUNT);

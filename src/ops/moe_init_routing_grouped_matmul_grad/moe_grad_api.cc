@@ -147,9 +147,12 @@ class MoeGradExecutor final : public gkOpExecutor {
       begin = ws.group_offsets[g];
       end = ws.group_offsets[g + 1];
     }
-    const char* weight_block = Base(w_) + (g * s.k + col0) * s.n * elem;
+    // Column col0 of expert g: row col0 of its [K, N] matrix, or column col0 of its [N, K] one.
+    const char* weight_block = Base(w_) + (s.weight_nk ? g * s.k * s.n + col0
+                                                       : (g * s.k + col0) * s.n) * elem;
     // Up to parall_num tiles at a time: each k-block of the weights is copied (float16:
-    // converted) once for all of them, and their sums stay in the ring until the last k-block.
+    // converted; [N, K] storage: transposed) once for all of them, and their sums stay in the
+    // ring until the last k-block.
     for (int64_t g0 = begin; g0 < end; g0 += group_rows) {
       const int64_t g1 = std::min(end, g0 + group_rows);
       for (int64_t kb = 0; kb < p.k_blocks; ++kb) {
@@ -157,7 +160,13 @@ class MoeGradExecutor final : public gkOpExecutor {
         const int64_t reduce = kb == p.k_blocks - 1 ? p.last_k : p.base_k;
         const void* b = weight_block + k0 * elem;
         if (slots.b_tile != nullptr) {
-          if (!(b_converted && p.k_blocks == 1)) {
+          if (b_converted && p.k_blocks == 1) {
+            // the tile already holds this block
+          } else if (s.weight_nk) {
+            MoeTransposeWeightBlock(s.dtype, weight_block + k0 * s.k * elem, s.k, reduce, cols,
+                                    slots.b_tile, p.base_k);
+            b_converted = true;
+          } else {
             for (int64_t c = 0; c < cols; ++c) {
               const char* source = weight_block + (c * s.n + k0) * elem;
               if (s.dtype == DType::kF16) {

@@ -1,5 +1,6 @@
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_def.h"
 
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -41,8 +42,8 @@ gkStatus CheckAttributes(std::string_view api, const MoeGradArgs& a) {
   return GK_SUCCESS;
 }
 
-// gradY's columns are weight's N. When they match K instead, weight is most likely in
-// nn.Linear's [G, N, K] layout; the error says so.
+// gradY's columns are weight's N. When they match K instead, weight is most likely nn.Linear's
+// [G, N, K] passed as it is stored; the error says how to pass it.
 gkStatus CheckGradYColumns(std::string_view api, const gkTensor& dy, const gkTensor& w,
                            const MoeGradShape& s) {
   if (dy.dims[1] == s.n || dy.dims[1] != s.k) {
@@ -51,8 +52,28 @@ gkStatus CheckGradYColumns(std::string_view api, const gkTensor& dy, const gkTen
   return Fail(GK_ERROR_PARAM_INVALID, api,
               "gradY has {} columns, which is K (weight.shape[1]) and not N = {} "
               "(weight.shape[2]), with weight of shape {}: K and N look swapped; weight must be "
-              "[G, K, N] (nn.Linear stores [G, N, K]: transpose its last two dims)",
+              "[G, K, N]. A weight stored [G, N, K] (nn.Linear's layout) is passed as its "
+              "transposed view: shape [G, K, N], strides (K*N, 1, K), no copy",
               dy.dims[1], s.n, ShapeString(w));
+}
+
+// weight is read either C-contiguous [G, K, N] or as the transposed view of a C-contiguous
+// [G, N, K] (what torch's weight.transpose(1, 2) of nn.Linear weights gives). Sets weight_nk.
+gkStatus CheckWeightLayout(std::string_view api, const gkTensor& w, MoeGradShape* s) {
+  s->weight_nk = false;
+  if (IsContiguous(w)) return GK_SUCCESS;
+  gkTensor storage = w;  // the [G, N, K] tensor the view was taken from
+  std::swap(storage.dims[1], storage.dims[2]);
+  std::swap(storage.strides[1], storage.strides[2]);
+  if (IsContiguous(storage)) {
+    s->weight_nk = true;
+    return GK_SUCCESS;
+  }
+  return Fail(GK_ERROR_PARAM_INVALID, api,
+              "weight with shape {} has strides {}; it must be C-contiguous [G, K, N] (strides "
+              "({}, {}, 1)) or the transposed view of a C-contiguous [G, N, K] (strides ({}, 1, "
+              "{}))",
+              ShapeString(w), StridesString(w), s->k * s->n, s->n, s->k * s->n, s->k);
 }
 
 // Appends RowIdxTypeHint to the recent error of a failed index check.
@@ -159,7 +180,11 @@ gkStatus CheckMoeGrad(std::string_view api, const MoeGradArgs& a, MoeGradShape* 
                  {dx, "gradX"}};
   for (const auto& [t, name] : tensors) {
     GK_RETURN_IF_ERROR(CheckAddressable(api, t, name));
-    GK_RETURN_IF_ERROR(CheckContiguous(api, t, name));
+    if (&t == &w) {
+      GK_RETURN_IF_ERROR(CheckWeightLayout(api, w, s));
+    } else {
+      GK_RETURN_IF_ERROR(CheckContiguous(api, t, name));
+    }
   }
   for (const auto& [t, name] : tensors) {
     if (&t != &dx) GK_RETURN_IF_ERROR(CheckDisjoint(api, dx, "gradX", t, name));

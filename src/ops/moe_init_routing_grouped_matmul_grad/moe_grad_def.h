@@ -23,7 +23,7 @@ std::string_view GroupListTypeName(GroupListType type);  // "count" | "cumsum"
 
 struct MoeGradArgs {
   const gkTensor* grad_y;            // dy [M, N]
-  const gkTensor* weight;            // [G, K, N]
+  const gkTensor* weight;            // [G, K, N], or a transposed view of [G, N, K] storage
   const gkTensor* expanded_row_idx;  // [L]
   const gkTensor* group_list;        // [G]
   int64_t batch;
@@ -52,6 +52,9 @@ struct MoeGradShape {
   DType index_dtype;  // expandedRowIdx
   RowIdxType row_idx_type;
   GroupListType group_list_type;
+  // weight is a [G, K, N] view of [G, N, K] storage (nn.Linear's layout; strides (K*N, 1, K)):
+  // the kernels transpose its blocks while copying them into the B tile.
+  bool weight_nk = false;
   int64_t slots() const { return batch * top_k; }  // checked not to overflow
   bool operator==(const MoeGradShape&) const = default;
 };

@@ -162,7 +162,7 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape) {
 }
 
 bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles) {
-  return shape.dtype == DType::kF16 || tiles.k_blocks > 1;
+  return shape.dtype == DType::kF16 || tiles.k_blocks > 1 || shape.weight_nk;
 }
 
 MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape) {
@@ -250,7 +250,7 @@ std::string MoeGradPlanToJson(const MoeGradPlan& p) {
       "{{\"op\": \"moe_init_routing_grouped_matmul_grad\", \"dtype\": \"{}\", "
       "\"gemm_dtype\": \"{}\", \"gemm_backend\": \"{}\", \"gemm_impl\": {{{}}}, "
       "\"shape\": {{\"M\": {}, \"N\": {}, \"K\": {}, \"G\": {}, \"L\": {}, \"batch\": {}, "
-      "\"topK\": {}}}, \"row_idx_type\": \"{}\", \"group_list_type\": \"{}\", "
+      "\"topK\": {}}}, \"weight_layout\": \"{}\", \"row_idx_type\": \"{}\", \"group_list_type\": \"{}\", "
       "\"base_m\": {}, \"base_n\": {}, \"base_k\": {}, \"k_blocks\": {}, \"last_k\": {}, "
       "\"row_granule\": {}, \"parall_num\": {}, "
       "\"threads\": {}, \"machine_threads\": {}, \"work_split\": {{\"col_blocks\": {}, \"last_block_cols\": {}, "
@@ -262,7 +262,7 @@ std::string MoeGradPlanToJson(const MoeGradPlan& p) {
       "\"chunk_starts\": {}, \"chunk_rows\": {}, \"end\": {}}}, \"workspace_bytes\": {}, "
       "\"unfused_bytes\": {}}}",
       DTypeName(s.dtype), DTypeName(p.gemm_dtype), p.gemm_backend, impls, s.m, s.n, s.k, s.g, s.l,
-      s.batch, s.top_k, RowIdxTypeName(s.row_idx_type), GroupListTypeName(s.group_list_type),
+      s.batch, s.top_k, s.weight_nk ? "GNK" : "GKN", RowIdxTypeName(s.row_idx_type), GroupListTypeName(s.group_list_type),
       p.base_m, p.base_n, p.base_k, p.k_blocks, p.last_k, p.row_granule, p.parall_num, p.threads, p.machine_threads, p.col_blocks,
       p.last_block_cols, p.token_chunks, p.tokens_per_chunk, p.units, kMoeGradPlannedThreads, p.UnitsOfThread(0), p.LoadBalance(p.machine_threads), p.thread_bytes,
       kMoeGradAlignment, region(l.matmul_out_ring), region(l.a_tiles), region(l.b_tiles),

@@ -119,7 +119,8 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape);
 // Whether each k-block of a weight block is copied into the thread's B tile first: float16
 // weights are converted to float32 (the GEMM has no float16), and k-blocks of a longer reduction
 // are made dense ([base_n, base_k]), the layout oneDNN's brgemm takes without falling back to
-// its slower gemm:jit for a strided B.
+// its slower gemm:jit for a strided B; weights stored [G, N, K] are transposed into it. The GEMM
+// then sees the same B tile whatever the weight's layout: the same bits.
 bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles);
 // The tile GEMM shapes of a problem (see cpu/moe_grad_gemm.h).
 MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape);

@@ -56,6 +56,35 @@ TEST(moe_grad_api, SeedTableMatchesReference) {
   }
 }
 
+// nn.Linear's [G, N, K] weight passed as its transposed view gives the bytes of the [G, K, N]
+// weight: the kernels transpose each block into the same B tile. Over the table (one k-block,
+// tails, N = 1, K = 1) and an N long enough to be cut into k-blocks.
+TEST(moe_grad_api, TransposedWeightViewGivesTheSameBytes) {
+  std::vector<MoeCase> cases(std::begin(kSeedTable), std::end(kSeedTable));
+  cases.push_back({"k_blocks", 40, 2, 3, 72, 3000, 0.9});
+  MoeGradShape long_n{};
+  long_n.n = 3000;
+  long_n.k = 72;
+  long_n.g = 3;
+  long_n.batch = 40;
+  long_n.top_k = 2;
+  long_n.m = 72;
+  long_n.dtype = DType::kF32;
+  ASSERT_GT(ChooseMoeGradTiles(long_n).k_blocks, 1) << "the last case no longer has k-blocks";
+  for (const MoeCase& c : cases) {
+    for (DType dtype : kDTypes) {
+      SCOPED_TRACE(::testing::Message() << c.name << " " << DTypeName(dtype));
+      const MoeInputs in = MakeMoeInputs(c, dtype, MoeValues::kRandom);
+      const auto gkn = RunMoeGrad(in);
+      MoeRunOptions nk;
+      nk.weight_nk = true;
+      const auto transposed = RunMoeGrad(in, nk);
+      EXPECT_EQ(std::memcmp(gkn.data(), transposed.data(), gkn.size() * 4), 0);
+      EXPECT_TRUE(MatchesReference(in, transposed, /*exact=*/false, /*stride=*/3));
+    }
+  }
+}
+
 // The seed's large-token case (batch 108 x 1024, topK 2, 60 experts, K 128, N 256): 64-bit
 // indexing and many chunks. Checked on every 16th token (all of them would cost minutes).
 TEST(moe_grad_api, LargeTokenCase) {

@@ -23,6 +23,7 @@ struct Problem {
   std::vector<float> dy, w, dx;
   std::vector<int64_t> idx, groups;
   const int64_t* dy_strides = nullptr;
+  const int64_t* w_strides = nullptr;
   bool null_dy_data = false;
   bool dx_aliases_w = false;
 
@@ -65,7 +66,7 @@ Outcome Plan(Problem& p) {
     return gkCreateTensor(dims.data(), dims.size(), static_cast<gkDataType>(dtype), strides, 0, data);
   };
   gkTensor* dy = make(p.dy_dims, p.dtype, p.null_dy_data ? nullptr : p.dy.data(), p.dy_strides);
-  gkTensor* w = make(p.w_dims, p.w_dtype, p.w.data());
+  gkTensor* w = make(p.w_dims, p.w_dtype, p.w.data(), p.w_strides);
   gkTensor* idx = make(p.idx_dims, p.idx_dtype, p.idx.data());
   gkTensor* groups = make(p.groups_dims, p.groups_dtype, p.groups.data());
   gkTensor* dx = make(p.dx_dims, p.dx_dtype, p.dx_aliases_w ? static_cast<void*>(p.w.data()) : p.dx.data());
@@ -243,6 +244,22 @@ TEST(moe_grad_def, LayoutAndOverlap) {
   p = Problem();
   p.dx_aliases_w = true;
   ExpectRejected(p, {"gradX overlaps weight", "must not"});
+}
+
+// weight [G, K, N] = [3, 8, 4]: C-contiguous, or the transposed view of a [G, N, K] buffer
+// (strides 32, 1, 8); any other strides are refused with both layouts named.
+TEST(moe_grad_def, WeightLayouts) {
+  Problem p;
+  const int64_t transposed[3] = {32, 1, 8};
+  p.w_strides = transposed;
+  EXPECT_EQ(Plan(p).status, GK_SUCCESS) << Plan(p).message;
+  p = Problem();
+  const int64_t padded[3] = {64, 8, 1};  // rows of a wider [G, K, 8] buffer
+  p.w.resize(3 * 64);
+  p.w_strides = padded;
+  ExpectRejected(p, {"weight with shape [3, 8, 4] has strides [64, 8, 1]",
+                     "C-contiguous [G, K, N] (strides (32, 4, 1))",
+                     "transposed view of a C-contiguous [G, N, K] (strides (32, 1, 8))"});
 }
 
 TEST(moe_grad_def, GroupListValues) {

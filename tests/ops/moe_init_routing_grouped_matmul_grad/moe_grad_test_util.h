@@ -77,6 +77,7 @@ struct MoeRunOptions {
   DType group_list_dtype = DType::kI64;
   int64_t extra_gather_entries = 0;  // rowIdxType 0: junk entries past M (ignored by the op)
   int32_t threads = 0;               // 0: the configured default
+  bool weight_nk = false;            // weight stored [G, N, K], passed as its transposed view
 };
 
 // The index arrays of a routing, as the options ask.
@@ -102,9 +103,10 @@ inline std::vector<int64_t> ExpandedRowIdx(const MoeInputs& in, const MoeRunOpti
 
 struct TensorGuard {
   gkTensor* t = nullptr;
-  TensorGuard(std::vector<int64_t> dims, DType dtype, const void* data) {
-    t = gkCreateTensor(dims.data(), dims.size(), static_cast<gkDataType>(dtype), nullptr, 0,
-                       const_cast<void*>(data));
+  TensorGuard(std::vector<int64_t> dims, DType dtype, const void* data,
+              const std::vector<int64_t>& strides = {}) {
+    t = gkCreateTensor(dims.data(), dims.size(), static_cast<gkDataType>(dtype),
+                       strides.empty() ? nullptr : strides.data(), 0, const_cast<void*>(data));
   }
   ~TensorGuard() { gkDestroyTensor(t); }
   TensorGuard(const TensorGuard&) = delete;
@@ -123,7 +125,22 @@ inline std::vector<float> RunMoeGrad(const MoeInputs& in, const MoeRunOptions& o
                                  o.group_list_dtype);
   std::vector<float> dx(static_cast<size_t>(c.batch * c.k), std::nanf(""));
   TensorGuard dy_t({m, c.n}, in.dtype, in.dy.data());
-  TensorGuard w_t({c.g, c.k, c.n}, in.dtype, in.w.data());
+  // [G, N, K] storage: the same weights, nn.Linear's layout, seen through a transposed view.
+  std::vector<uint8_t> w_nk;
+  if (o.weight_nk) {
+    const int64_t elem = ElementBytes(in.dtype);
+    w_nk.resize(in.w.size());
+    for (int64_t e = 0; e < c.g; ++e) {
+      for (int64_t k = 0; k < c.k; ++k) {
+        for (int64_t n = 0; n < c.n; ++n) {
+          std::memcpy(w_nk.data() + ((e * c.n + n) * c.k + k) * elem,
+                      in.w.data() + ((e * c.k + k) * c.n + n) * elem, static_cast<size_t>(elem));
+        }
+      }
+    }
+  }
+  TensorGuard w_t({c.g, c.k, c.n}, in.dtype, o.weight_nk ? w_nk.data() : in.w.data(),
+                  o.weight_nk ? std::vector<int64_t>{c.k * c.n, 1, c.k} : std::vector<int64_t>{});
   TensorGuard idx_t({static_cast<int64_t>(idx_values.size())}, o.index_dtype, idx.data());
   TensorGuard groups_t({c.g}, o.group_list_dtype, groups.data());
   TensorGuard dx_t({c.batch, c.k}, DType::kF32, dx.data());

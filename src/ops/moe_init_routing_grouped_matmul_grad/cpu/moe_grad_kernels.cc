@@ -5,6 +5,8 @@
 
 #include <hwy/highway.h>
 
+#include <algorithm>
+
 #include "core/cpu/convert-inl.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_kernels.h"
 
@@ -103,6 +105,38 @@ void MoeConvertF16ToF32(const uint16_t* src, float* dst, int64_t n) {
 
 void MoeAddRowF32(float* dst, const float* src, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AddRowF32)(dst, src, n);
+}
+
+namespace {
+// The transpose in square blocks, so that both the rows read and the rows written stay in L1.
+template <class Out, class In, class Convert>
+void TransposeBlock(const In* src, int64_t ld_src, int64_t reduce, int64_t cols, Out* dst,
+                    int64_t ld_dst, Convert convert) {
+  constexpr int64_t kBlock = 16;
+  for (int64_t i0 = 0; i0 < reduce; i0 += kBlock) {
+    const int64_t i1 = std::min(reduce, i0 + kBlock);
+    for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+      const int64_t c1 = std::min(cols, c0 + kBlock);
+      for (int64_t i = i0; i < i1; ++i) {
+        for (int64_t c = c0; c < c1; ++c) dst[c * ld_dst + i] = convert(src[i * ld_src + c]);
+      }
+    }
+  }
+}
+}  // namespace
+
+void MoeTransposeWeightBlock(DType src_dtype, const void* src, int64_t ld_src, int64_t reduce,
+                             int64_t cols, void* dst, int64_t ld_dst) {
+  if (src_dtype == DType::kF16) {
+    TransposeBlock(static_cast<const uint16_t*>(src), ld_src, reduce, cols,
+                   static_cast<float*>(dst), ld_dst, [](uint16_t h) { return F32FromF16(h); });
+  } else if (src_dtype == DType::kBF16) {
+    TransposeBlock(static_cast<const uint16_t*>(src), ld_src, reduce, cols,
+                   static_cast<uint16_t*>(dst), ld_dst, [](uint16_t b) { return b; });
+  } else {
+    TransposeBlock(static_cast<const float*>(src), ld_src, reduce, cols, static_cast<float*>(dst),
+                   ld_dst, [](float f) { return f; });
+  }
 }
 
 void MoeGemmTileOwn(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce, const void* a,
