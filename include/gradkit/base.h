@@ -11,9 +11,9 @@
  * Threads: every function may be called from any thread. An executor is used by one thread at a
  * time (phase 2, gkSetExecutorRepeatable and gkDestroyExecutor on the same executor must not
  * overlap); different executors may run at the same time from different threads, each with its
- * own workspace. Using an executor after gkDestroyExecutor is refused (GK_ERROR_PARAM_INVALID)
- * while no new executor has been given the same address; past that it is undefined, as for any
- * freed handle.
+ * own workspace. Using an executor after gkDestroyExecutor, or a tensor descriptor after
+ * gkDestroyTensor, is refused (GK_ERROR_PARAM_INVALID; a second destroy too) while no new handle
+ * has been given the same address; past that it is undefined, as for any freed handle.
  *
  * No C++ exception leaves a gradkit function: a failed allocation is GK_ERROR_RUNTIME ("out of
  * memory ..."), anything else unexpected GK_ERROR_INTERNAL, both with a message.
@@ -88,6 +88,8 @@ typedef struct gkOpExecutor gkOpExecutor;
  * Returns NULL (see gkGetRecentErrMsg) when an argument is out of range. */
 GK_API gkTensor* gkCreateTensor(const int64_t* dims, uint64_t ndims, gkDataType dtype,
                                 const int64_t* strides, int64_t offset, void* data);
+/* Releases a descriptor (not its data). NULL is accepted. An executor made from it keeps its
+ * own copy: the descriptor may be destroyed right after phase 1. */
 GK_API gkStatus gkDestroyTensor(const gkTensor* tensor);
 
 /* Releases an executor returned by a GetWorkspaceSize call. NULL is accepted. */

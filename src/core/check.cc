@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "core/live_handles.h"
+
 namespace gk {
 
 gkStatus CheckNotNull(std::string_view api, const void* pointer, std::string_view name) {
@@ -15,7 +17,7 @@ gkStatus CheckNotNull(std::string_view api, const void* pointer, std::string_vie
 
 gkStatus CheckTensor(std::string_view api, const gkTensor* t, std::string_view name) {
   GK_RETURN_IF_ERROR(CheckNotNull(api, t, name));
-  if (t->magic != gkTensor::kMagic) {
+  if (!LiveHandles<gkTensor>::Get().Contains(t)) {
     return Fail(GK_ERROR_PARAM_INVALID, api, "{} is not a live descriptor from gkCreateTensor",
                 name);
   }

@@ -1,41 +1,11 @@
 #include "core/executor.h"
 
-#include <mutex>
-#include <unordered_set>
-
 #include "core/c_api_guard.h"
 #include "core/error.h"
+#include "core/live_handles.h"
 
 namespace {
-
-// The live executors. A lookup costs one uncontended lock per phase 2 call, nothing next to a
-// run; it keeps a destroyed executor from being read (or deleted twice).
-class ExecutorRegistry {
- public:
-  void Add(const gkOpExecutor* executor) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    live_.insert(executor);
-  }
-  void Remove(const gkOpExecutor* executor) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    live_.erase(executor);
-  }
-  bool Contains(const gkOpExecutor* executor) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return live_.count(executor) != 0;
-  }
-
- private:
-  std::mutex mutex_;
-  std::unordered_set<const gkOpExecutor*> live_;
-};
-
-// Never destroyed: executors may outlive static destruction (a caller's own static objects).
-ExecutorRegistry& Registry() {
-  static auto* registry = new ExecutorRegistry;
-  return *registry;
-}
-
+gk::LiveHandles<gkOpExecutor>& Registry() { return gk::LiveHandles<gkOpExecutor>::Get(); }
 }  // namespace
 
 gkOpExecutor::gkOpExecutor() { Registry().Add(this); }

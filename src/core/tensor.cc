@@ -8,6 +8,7 @@
 
 #include "core/c_api_guard.h"
 #include "core/error.h"
+#include "core/live_handles.h"
 
 namespace gk {
 
@@ -203,18 +204,20 @@ extern "C" gkTensor* gkCreateTensor(const int64_t* dims, uint64_t ndims, gkDataT
   static_assert(sizeof dtype_value == sizeof dtype);
   std::memcpy(&dtype_value, &dtype, sizeof dtype_value);
   return gk::GuardCApi(kCreateTensor, static_cast<gkTensor*>(nullptr), [&] {
-    return CreateTensor(dims, ndims, dtype_value, strides, offset, data);
+    gkTensor* t = CreateTensor(dims, ndims, dtype_value, strides, offset, data);
+    if (t != nullptr) gk::LiveHandles<gkTensor>::Get().Add(t);
+    return t;
   });
 }
 
 extern "C" gkStatus gkDestroyTensor(const gkTensor* tensor) {
   return gk::GuardCApi("gkDestroyTensor", [&] {
     if (tensor == nullptr) return GK_SUCCESS;
-    if (tensor->magic != gkTensor::kMagic) {
+    if (!gk::LiveHandles<gkTensor>::Get().Remove(tensor)) {
       return gk::Fail(GK_ERROR_PARAM_INVALID, "gkDestroyTensor",
-                      "tensor is not a live descriptor from gkCreateTensor");
+                      "tensor is not a live descriptor from gkCreateTensor (destroyed already, "
+                      "or never created)");
     }
-    const_cast<gkTensor*>(tensor)->magic = 0;
     delete tensor;
     return GK_SUCCESS;
   });

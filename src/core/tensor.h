@@ -9,9 +9,9 @@
 #include "core/dtype.h"
 #include "gradkit/base.h"
 
+// Live descriptors (from gkCreateTensor, not yet destroyed) are in gk::LiveHandles<gkTensor>;
+// operators copy them by value into their executors.
 struct gkTensor {
-  static constexpr uint64_t kMagic = 0x67726164746e7372ull;  // "gradtnsr"
-  uint64_t magic = kMagic;
   gk::DType dtype = gk::DType::kF32;
   int32_t ndims = 0;
   std::array<int64_t, GK_MAX_DESCRIPTOR_DIMS> dims{};

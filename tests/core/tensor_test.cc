@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "gradkit/gradkit.h"
+
 namespace gk {
 namespace {
 
@@ -93,6 +95,29 @@ TEST(Tensor, CursorWalksInLogicalOrder) {
       ASSERT_EQ(ElementAt(*t.t, i), static_cast<const void*>(data + expected));
     }
   }
+}
+
+// A destroyed descriptor is refused by a second destroy and by an operator, without being read
+// (the set of live descriptors answers; ASan would report a read of the freed object).
+TEST(Tensor, DestroyedDescriptorIsAnError) {
+  float data[4] = {};
+  const int64_t dims[] = {4};
+  gkTensor* t = gkCreateTensor(dims, 1, GK_FLOAT, nullptr, 0, data);
+  gkTensor* live = gkCreateTensor(dims, 1, GK_FLOAT, nullptr, 0, data);
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(gkDestroyTensor(t), GK_SUCCESS);
+  EXPECT_EQ(gkDestroyTensor(t), GK_ERROR_PARAM_INVALID);
+  EXPECT_NE(std::string(gkGetRecentErrMsg()).find("destroyed already"), std::string::npos)
+      << gkGetRecentErrMsg();
+  uint64_t size = 0;
+  gkOpExecutor* executor = nullptr;
+  EXPECT_EQ(gkEluGradV2GetWorkspaceSize(t, live, 1.0, 1.0, 1.0, false, live, &size, &executor),
+            GK_ERROR_PARAM_INVALID);
+  EXPECT_NE(std::string(gkGetRecentErrMsg()).find("gradOutput is not a live descriptor"),
+            std::string::npos)
+      << gkGetRecentErrMsg();
+  EXPECT_EQ(executor, nullptr);
+  EXPECT_EQ(gkDestroyTensor(live), GK_SUCCESS);
 }
 
 TEST(Tensor, DestroyRejectsForeignPointers) {
