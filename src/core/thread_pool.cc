@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -125,65 +126,41 @@ std::optional<int32_t> EnvThreads() {
   return static_cast<int32_t>(value);
 }
 
-// This process's cgroup in the cgroup v2 hierarchy: the cgroup2 mount from /proc/self/mountinfo
-// (/sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid systems) and, under it, the directory
-// named by the "0::<path>" line of /proc/self/cgroup (relative to the mount's root). Empty
-// strings without one.
-struct CgroupV2Place {
-  std::string mount_point;
-  std::string directory;
-};
-
-CgroupV2Place FindCgroupV2() {
-  std::string mount_root, mount_point;
-  std::ifstream mounts("/proc/self/mountinfo");
-  for (std::string line; std::getline(mounts, line);) {
-    // "<id> <parent> <major:minor> <root> <mount point> <options...> - cgroup2 ..."
-    if (line.find(" - cgroup2 ") == std::string::npos) continue;
-    std::vector<std::string> fields;
-    size_t begin = 0;
-    for (int i = 0; i < 5; ++i) {
-      const size_t end = line.find(' ', begin);
-      if (end == std::string::npos) break;
-      fields.push_back(line.substr(begin, end - begin));
-      begin = end + 1;
-    }
-    if (fields.size() == 5) {
-      mount_root = fields[3];
-      mount_point = fields[4];
-      break;
-    }
-  }
-  if (mount_point.empty()) return {};
-  std::ifstream cgroups("/proc/self/cgroup");
-  for (std::string line; std::getline(cgroups, line);) {
-    if (line.rfind("0::", 0) != 0) continue;
-    std::string path = line.substr(3);
-    if (mount_root != "/" && path.rfind(mount_root, 0) == 0) path = path.substr(mount_root.size());
-    if (path.find("/..") != std::string::npos) return {};  // never walk out of the mount
-    while (!path.empty() && path.back() == '/') path.pop_back();
-    return {mount_point, mount_point + path};
-  }
-  return {};
+std::string ReadFile(const std::string& path) {
+  std::ifstream file(path);
+  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
 }
 
 // The smallest quota from this process's cgroup up to the mount: a parent's limit binds its
-// children too.
-std::optional<int32_t> CgroupQuotaThreads() {
-  const CgroupV2Place place = FindCgroupV2();
+// children too. v2 reads cpu.max; v1 cpu.cfs_quota_us and cpu.cfs_period_us.
+std::optional<int32_t> QuotaThreadsUpFrom(const CgroupPlace& place) {
   if (place.directory.empty()) return std::nullopt;
   std::optional<int32_t> threads;
   std::string directory = place.directory;
   for (;;) {
-    std::ifstream file(directory + "/cpu.max");
-    std::string line;
-    if (file && std::getline(file, line)) {
-      if (const auto limit = ThreadsFromCpuMax(line)) {
-        threads = std::min(threads.value_or(*limit), *limit);
-      }
+    std::optional<int32_t> limit;
+    if (place.v1) {
+      limit = ThreadsFromCfsQuota(ReadFile(directory + "/cpu.cfs_quota_us"),
+                                  ReadFile(directory + "/cpu.cfs_period_us"));
+    } else {
+      limit = ThreadsFromCpuMax(ReadFile(directory + "/cpu.max"));
     }
+    if (limit) threads = std::min(threads.value_or(*limit), *limit);
     if (directory.size() <= place.mount_point.size()) break;
     directory.resize(directory.rfind('/'));
+  }
+  return threads;
+}
+
+// Both hierarchies are read: a hybrid system mounts v2 but keeps the cpu controller in v1.
+std::optional<int32_t> CgroupQuotaThreads() {
+  const std::string mountinfo = ReadFile("/proc/self/mountinfo");
+  const std::string cgroups = ReadFile("/proc/self/cgroup");
+  std::optional<int32_t> threads;
+  for (const bool v1 : {false, true}) {
+    if (const auto limit = QuotaThreadsUpFrom(FindCgroup(mountinfo, cgroups, v1))) {
+      threads = std::min(threads.value_or(*limit), *limit);
+    }
   }
   return threads;
 }
@@ -230,6 +207,80 @@ std::optional<int32_t> ThreadsFromCpuMax(std::string_view cpu_max) {
   if (!parse(quota_text, quota) || !parse(period_text, period)) return std::nullopt;
   const int64_t threads = quota / period + (quota % period != 0);
   return static_cast<int32_t>(std::clamp<int64_t>(threads, 1, kMaxThreads));
+}
+
+std::optional<int32_t> ThreadsFromCfsQuota(std::string_view quota, std::string_view period) {
+  const auto trim = [](std::string_view text) {
+    while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
+    return text;
+  };
+  quota = trim(quota);
+  period = trim(period);
+  if (quota.empty() || period.empty() || quota == "-1") return std::nullopt;  // -1: no limit
+  return ThreadsFromCpuMax(std::string(quota) + " " + std::string(period));
+}
+
+CgroupPlace FindCgroup(std::string_view mountinfo, std::string_view proc_cgroup, bool v1) {
+  const auto lines = [](std::string_view text) {
+    std::vector<std::string_view> out;
+    while (!text.empty()) {
+      const size_t end = text.find('\n');
+      out.push_back(text.substr(0, end));
+      if (end == std::string_view::npos) break;
+      text.remove_prefix(end + 1);
+    }
+    return out;
+  };
+  const auto split = [](std::string_view text, char separator) {
+    std::vector<std::string_view> out;
+    for (;;) {
+      const size_t end = text.find(separator);
+      out.push_back(text.substr(0, end));
+      if (end == std::string_view::npos) return out;
+      text.remove_prefix(end + 1);
+    }
+  };
+  const auto has_cpu = [&](std::string_view list) {
+    for (std::string_view item : split(list, ',')) {
+      if (item == "cpu") return true;
+    }
+    return false;
+  };
+  // "<id> <parent> <major:minor> <root> <mount point> <options...> - <fstype> <source> <super>"
+  std::string_view mount_root, mount_point;
+  for (std::string_view line : lines(mountinfo)) {
+    const size_t dash = line.find(" - ");
+    if (dash == std::string_view::npos) continue;
+    const auto fields = split(line.substr(0, dash), ' ');
+    const auto tail = split(line.substr(dash + 3), ' ');
+    if (fields.size() < 5 || tail.empty()) continue;
+    const bool match = v1 ? tail[0] == "cgroup" && tail.size() >= 3 && has_cpu(tail[2])
+                          : tail[0] == "cgroup2";
+    if (match) {
+      mount_root = fields[3];
+      mount_point = fields[4];
+      break;
+    }
+  }
+  if (mount_point.empty()) return {};
+  // v2: "0::<path>"; v1: "<id>:<controllers>:<path>" with cpu among the controllers.
+  for (std::string_view line : lines(proc_cgroup)) {
+    const size_t first = line.find(':');
+    const size_t second = first == std::string_view::npos ? first : line.find(':', first + 1);
+    if (second == std::string_view::npos) continue;
+    const std::string_view controllers = line.substr(first + 1, second - first - 1);
+    if (v1 ? !has_cpu(controllers) : (line.substr(0, first) != "0" || !controllers.empty())) {
+      continue;
+    }
+    std::string_view path = line.substr(second + 1);
+    if (mount_root != "/" && path.substr(0, mount_root.size()) == mount_root) {
+      path.remove_prefix(mount_root.size());
+    }
+    if (path.find("/..") != std::string_view::npos) return {};  // never walk out of the mount
+    while (!path.empty() && path.back() == '/') path.remove_suffix(1);
+    return {std::string(mount_point), std::string(mount_point) + std::string(path), v1};
+  }
+  return {};
 }
 
 int32_t ConfiguredThreads() {

@@ -7,12 +7,13 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace gk {
 
 // Threads operators plan with: gkSetNumThreads, else GRADKIT_NUM_THREADS, else the cores this
-// process may use (its CPU affinity mask, bounded by its cgroup v2 CPU quota). 1 in a forked
+// process may use (its CPU affinity mask, bounded by its cgroup CPU quota, v2 or v1). 1 in a forked
 // child (see ParallelFor).
 int32_t ConfiguredThreads();
 
@@ -34,5 +35,16 @@ int32_t AffinityCores();
 // Threads a cgroup v2 `cpu.max` line allows ("max 100000": no limit, nullopt; "150000 100000":
 // 2, the quota over the period rounded up). nullopt also for a line that does not parse.
 std::optional<int32_t> ThreadsFromCpuMax(std::string_view cpu_max);
+// The same for cgroup v1's cpu.cfs_quota_us and cpu.cfs_period_us ("-1": no limit).
+std::optional<int32_t> ThreadsFromCfsQuota(std::string_view quota, std::string_view period);
+// Where this process's CPU quota lives, from the texts of /proc/self/mountinfo and
+// /proc/self/cgroup: the cgroup v2 mount (or, with v1, the mount of the v1 `cpu` controller) and
+// this process's directory under it. Empty strings when there is none.
+struct CgroupPlace {
+  std::string mount_point;
+  std::string directory;
+  bool v1 = false;
+};
+CgroupPlace FindCgroup(std::string_view mountinfo, std::string_view proc_cgroup, bool v1);
 
 }  // namespace gk

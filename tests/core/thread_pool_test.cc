@@ -286,6 +286,47 @@ TEST(ThreadPool, CgroupCpuMaxLines) {
   EXPECT_EQ(ThreadsFromCpuMax("12x 100000"), std::nullopt);
 }
 
+TEST(ThreadPool, CgroupV1CfsQuota) {
+  EXPECT_EQ(ThreadsFromCfsQuota("-1\n", "100000\n"), std::nullopt);
+  EXPECT_EQ(ThreadsFromCfsQuota("400000\n", "100000\n"), 4);
+  EXPECT_EQ(ThreadsFromCfsQuota("250000", "100000"), 3);
+  EXPECT_EQ(ThreadsFromCfsQuota("", "100000"), std::nullopt);  // file absent
+  EXPECT_EQ(ThreadsFromCfsQuota("100000", "0"), std::nullopt);
+}
+
+// The mount and this process's directory, from the texts of /proc/self/{mountinfo,cgroup}.
+TEST(ThreadPool, CgroupPlaces) {
+  // A hybrid system: the unified v2 mount holds no controller, cpu is in v1.
+  const std::string mountinfo =
+      "25 1 0:23 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n"
+      "26 25 0:24 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+      "30 25 0:28 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
+      "31 25 0:29 / /sys/fs/cgroup/cpuset rw,nosuid - cgroup cgroup rw,cpuset\n";
+  const std::string cgroups =
+      "12:cpuset:/\n"
+      "4:cpu,cpuacct:/user.slice/job-7/\n"
+      "0::/user.slice/job-7\n";
+  const CgroupPlace v2 = FindCgroup(mountinfo, cgroups, /*v1=*/false);
+  EXPECT_EQ(v2.mount_point, "/sys/fs/cgroup/unified");
+  EXPECT_EQ(v2.directory, "/sys/fs/cgroup/unified/user.slice/job-7");
+  EXPECT_FALSE(v2.v1);
+  const CgroupPlace v1 = FindCgroup(mountinfo, cgroups, /*v1=*/true);
+  EXPECT_EQ(v1.mount_point, "/sys/fs/cgroup/cpu,cpuacct");
+  EXPECT_EQ(v1.directory, "/sys/fs/cgroup/cpu,cpuacct/user.slice/job-7");
+  EXPECT_TRUE(v1.v1);
+  // A container: the mount's root is the container's cgroup, which /proc/self/cgroup names in full.
+  const CgroupPlace inside = FindCgroup(
+      "40 30 0:30 /docker/abc /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", "0::/docker/abc/worker\n",
+      false);
+  EXPECT_EQ(inside.directory, "/sys/fs/cgroup/worker");
+  // No cgroup of the kind; a path that would leave the mount.
+  EXPECT_TRUE(FindCgroup("26 25 0:24 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", "0::/a\n", true)
+                  .directory.empty());
+  EXPECT_TRUE(FindCgroup("26 25 0:24 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+                         "0::/a/../../etc\n", false)
+                  .directory.empty());
+}
+
 TEST(ThreadPool, NumThreadsSetting) {
   const int32_t initial = gkGetNumThreads();
   EXPECT_GE(initial, 1);
