@@ -81,6 +81,7 @@ class MoeGradExecutor final : public gkOpExecutor {
     char* a_tile;
     char* b_tile;  // null unless MoeGradCopiesB
     MoeTileGemm::Worker* gemm;
+    const void* b = nullptr;  // the current B as the GEMM takes it (Worker::PrepareB)
   };
 
   void RunThread(int32_t t, const MoeGradWorkspace& ws) const {
@@ -105,9 +106,9 @@ class MoeGradExecutor final : public gkOpExecutor {
       }
       if (!any) continue;
       for (int64_t g = 0; g < p.shape.g; ++g) {
-        bool b_converted = false;
+        bool b_ready = false;
         for (int64_t chunk = 0; chunk < p.token_chunks; ++chunk) {
-          if (mine(chunk)) RunExpert(chunk, block, g, b_converted, ws, slots);
+          if (mine(chunk)) RunExpert(chunk, block, g, b_ready, ws, slots);
         }
       }
     }
@@ -129,8 +130,8 @@ class MoeGradExecutor final : public gkOpExecutor {
   }
 
   // Expert g's share of one unit: its rows of the chunk x the block's gradX columns.
-  // b_converted: the float16 weight block of (block, g) is already in the B tile (one k-block).
-  void RunExpert(int64_t chunk, int64_t block, int64_t g, bool& b_converted,
+  // b_ready: slots.b holds (block, g)'s weights as the GEMM takes them (one k-block only).
+  void RunExpert(int64_t chunk, int64_t block, int64_t g, bool& b_ready,
                  const MoeGradWorkspace& ws, ThreadSlots& slots) const {
     const MoeGradPlan& p = plan_;
     const MoeGradShape& s = p.shape;
@@ -158,32 +159,19 @@ class MoeGradExecutor final : public gkOpExecutor {
       for (int64_t kb = 0; kb < p.k_blocks; ++kb) {
         const int64_t k0 = kb * p.base_k;
         const int64_t reduce = kb == p.k_blocks - 1 ? p.last_k : p.base_k;
-        const void* b = weight_block + k0 * elem;
-        if (slots.b_tile != nullptr) {
-          if (b_converted && p.k_blocks == 1) {
-            // the tile already holds this block
-          } else if (s.weight_nk) {
-            MoeTransposeWeightBlock(s.dtype, weight_block + k0 * s.k * elem, s.k, reduce, cols,
-                                    slots.b_tile, p.base_k);
-            b_converted = true;
-          } else {
-            for (int64_t c = 0; c < cols; ++c) {
-              const char* source = weight_block + (c * s.n + k0) * elem;
-              if (s.dtype == DType::kF16) {
-                MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(source),
-                                   reinterpret_cast<float*>(slots.b_tile) + c * p.base_k, reduce);
-              } else {
-                std::memcpy(slots.b_tile + c * p.base_k * elem, source,
-                            static_cast<size_t>(reduce * elem));
-              }
-            }
-            b_converted = true;
+        // With one k-block, (block, g)'s B stays ready (copied, packed) for all its chunks.
+        if (!(b_ready && p.k_blocks == 1)) {
+          const void* b = weight_block + k0 * elem;
+          if (slots.b_tile != nullptr) {
+            CopyWeightBlock(weight_block, k0, reduce, cols, slots.b_tile);
+            b = slots.b_tile;
           }
-          b = slots.b_tile;
+          slots.b = slots.gemm->PrepareB(cols, reduce, b);
+          b_ready = true;
         }
         int64_t slot = 0;
         for (int64_t r0 = g0; r0 < g1; r0 += p.base_m, ++slot) {
-          RunTile(r0, std::min(p.base_m, g1 - r0), k0, reduce, kb > 0, b, cols,
+          RunTile(r0, std::min(p.base_m, g1 - r0), k0, reduce, kb > 0, slots.b, cols,
                   slots.ring + slot * p.base_m * p.base_n, ws, slots);
         }
       }
@@ -195,6 +183,29 @@ class MoeGradExecutor final : public gkOpExecutor {
           const int64_t token = ws.row_token[RowAt(ws, r0 + r)];
           MoeAddRowF32(dx + token * s.k + col0, tile + r * p.base_n, cols);
         }
+      }
+    }
+  }
+
+  // k-block [k0, k0 + reduce) of the weight block's `cols` columns into the B tile, dense
+  // [cols, base_k] in the GEMM dtype: float16 converted, [N, K] storage transposed.
+  void CopyWeightBlock(const char* weight_block, int64_t k0, int64_t reduce, int64_t cols,
+                       char* b_tile) const {
+    const MoeGradPlan& p = plan_;
+    const MoeGradShape& s = p.shape;
+    const int64_t elem = ElementBytes(s.dtype);
+    if (s.weight_nk) {
+      MoeTransposeWeightBlock(s.dtype, weight_block + k0 * s.k * elem, s.k, reduce, cols, b_tile,
+                              p.base_k);
+      return;
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      const char* source = weight_block + (c * s.n + k0) * elem;
+      if (s.dtype == DType::kF16) {
+        MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(source),
+                           reinterpret_cast<float*>(b_tile) + c * p.base_k, reduce);
+      } else {
+        std::memcpy(b_tile + c * p.base_k * elem, source, static_cast<size_t>(reduce * elem));
       }
     }
   }

@@ -176,6 +176,7 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape) {
   g.widths = {t.base_n};
   if (t.last_block_cols != t.base_n) g.widths.push_back(t.last_block_cols);
   g.lda = t.base_k;
+  g.prepared_b = true;  // the executor prepares each B once per (block, expert) or k-block
   g.steps = {{t.base_k, false}};
   if (t.k_blocks > 1) {
     if (t.k_blocks > 2 || t.last_k == t.base_k) g.steps.push_back({t.base_k, true});

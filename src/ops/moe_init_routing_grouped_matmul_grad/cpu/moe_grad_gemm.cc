@@ -112,14 +112,21 @@ class OmpThreadsScope {
   int saved_ = 0, threads_ = 0;
 };
 
-// C[rows, width] (+)= A[rows, reduce] * B[width, reduce]^T: B is the matmul's [reduce, width]
-// weights with strides {1, ldb}, read in place (oneDNN packs it into its scratchpad per call).
+// B as the caller holds it: the matmul's [reduce, width] weights with strides {1, ldb}.
+dnnl::memory::desc PlainB(DType dtype, int64_t reduce, int64_t width, int64_t ldb) {
+  return dnnl::memory::desc({reduce, width}, DnnlType(dtype), dnnl::memory::dims{1, ldb});
+}
+
+// C[rows, width] (+)= A[rows, reduce] * B[width, reduce]^T. With packed_b, the weights are in
+// the layout the implementation chooses (format_tag::any: B is reordered into it once per B,
+// see OneDnnTileGemm); else B is read where it is (oneDNN then packs it on every call).
 dnnl::matmul::primitive_desc MatmulDesc(DType dtype, int64_t rows, int64_t reduce, int64_t width,
                                         int64_t lda, int64_t ldb, int64_t ldc, bool accumulate,
-                                        bool user_scratchpad) {
+                                        bool user_scratchpad, bool packed_b = false) {
   using dnnl::memory;
   const memory::desc a({rows, reduce}, DnnlType(dtype), memory::dims{lda, 1});
-  const memory::desc b({reduce, width}, DnnlType(dtype), memory::dims{1, ldb});
+  const memory::desc b = packed_b ? memory::desc({reduce, width}, DnnlType(dtype), memory::format_tag::any)
+                                  : PlainB(dtype, reduce, width, ldb);
   const memory::desc c({rows, width}, memory::data_type::f32, memory::dims{ldc, 1});
   dnnl::primitive_attr attr;
   if (user_scratchpad) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -137,20 +144,16 @@ class OneDnnTileGemm final : public MoeTileGemm {
     // Single-threaded descriptors: each call runs on one thread of gradkit's pool.
     const OmpThreadsScope one(1);
     row_steps_ = shape.max_rows / shape.row_granule;
-    for (int64_t width : shape.widths) {
-      for (const auto& step : shape.steps) {
-        for (int64_t s = 1; s <= row_steps_; ++s) {
-          Entry e{MatmulDesc(shape.gemm_dtype, s * shape.row_granule, step.reduce, width, shape.lda,
-                             shape.ldb, shape.ldc, step.accumulate, /*user_scratchpad=*/true),
-                  {}};
-          e.primitive = dnnl::matmul(e.pd);
-          scratchpad_bytes_ = std::max<uint64_t>(scratchpad_bytes_, e.pd.scratchpad_desc().get_size());
-          std::string& impl = impls_[width];
-          const std::string name = e.pd.impl_info_str();
-          if (impl.find(name) == std::string::npos) impl += impl.empty() ? name : "+" + name;
-          entries_.push_back(std::move(e));
-        }
-      }
+    // Packed B needs one layout per (width, reduce) whatever the row count; where the library
+    // picks different ones, B is read in place instead.
+    if (!(shape.prepared_b && MakeEntries(/*packed_b=*/true))) MakeEntries(/*packed_b=*/false);
+    for (const Entry& e : entries_) {
+      const std::string name = e.pd.impl_info_str();
+      std::string& impl = impls_[e.width];
+      if (impl.find(name) == std::string::npos) impl += impl.empty() ? name : "+" + name;
+    }
+    if (packed_b_) {
+      for (auto& [width, impl] : impls_) impl += ", B packed once per block";
     }
     WarmUp();
   }
@@ -159,12 +162,32 @@ class OneDnnTileGemm final : public MoeTileGemm {
     const auto it = impls_.find(width);
     return it == impls_.end() ? std::string() : it->second;
   }
-  uint64_t scratchpad_bytes() const override { return scratchpad_bytes_; }
+  // The packed B (when used) first, then the library's scratchpad.
+  uint64_t scratchpad_bytes() const override { return packed_b_bytes_ + scratchpad_bytes_; }
 
   class DnnlWorker final : public Worker {
    public:
     DnnlWorker(const OneDnnTileGemm& gemm, void* scratchpad)
-        : gemm_(gemm), scratchpad_(scratchpad), bound_(gemm.entries_.size()) {}
+        : gemm_(gemm),
+          packed_b_(scratchpad),
+          scratchpad_(static_cast<char*>(scratchpad) + gemm.packed_b_bytes_),
+          bound_(gemm.entries_.size()),
+          pack_bound_(gemm.packs_.size()) {}
+    const void* PrepareB(int64_t width, int64_t reduce, const void* b) override {
+      if (!gemm_.packed_b_) return b;
+      const size_t index = gemm_.PackIndex(width, reduce);
+      const Pack& pack = gemm_.packs_[index];
+      std::optional<PackBound>& bound = pack_bound_[index];
+      if (!bound) {
+        bound.emplace();
+        bound->src = dnnl::memory(pack.src, Engine(), const_cast<void*>(b));
+        bound->dst = dnnl::memory(pack.dst, Engine(), packed_b_);
+      } else {
+        bound->src.set_data_handle(const_cast<void*>(b));
+      }
+      pack.reorder.execute(ThreadStream(), bound->src, bound->dst);
+      return packed_b_;
+    }
     void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
              const void* b, float* c) override {
       const size_t index = gemm_.Index(rows, width, reduce, accumulate);
@@ -195,9 +218,14 @@ class OneDnnTileGemm final : public MoeTileGemm {
       dnnl::memory a, b, c;
       std::unordered_map<int, dnnl::memory> args;
     };
+    struct PackBound {
+      dnnl::memory src, dst;
+    };
     const OneDnnTileGemm& gemm_;
+    void* packed_b_;
     void* scratchpad_;
     std::vector<std::optional<Bound>> bound_;
+    std::vector<std::optional<PackBound>> pack_bound_;
   };
   std::unique_ptr<Worker> MakeWorker(void* scratchpad) const override {
     return std::make_unique<DnnlWorker>(*this, scratchpad);
@@ -207,7 +235,63 @@ class OneDnnTileGemm final : public MoeTileGemm {
   struct Entry {
     dnnl::matmul::primitive_desc pd;
     dnnl::matmul primitive;
+    int64_t width;
   };
+  // The reorder of one (width, reduce)'s B from the caller's layout into the packed one.
+  struct Pack {
+    int64_t width, reduce;
+    dnnl::memory::desc src, dst;
+    dnnl::reorder reorder;
+  };
+
+  // Every matmul the shape needs, in Index order. With packed_b, false (and nothing kept) when
+  // two row counts of one (width, reduce) want B in different layouts, or a reorder needs a
+  // scratchpad of its own.
+  bool MakeEntries(bool packed_b) {
+    entries_.clear();
+    packs_.clear();
+    scratchpad_bytes_ = packed_b_bytes_ = 0;
+    packed_b_ = packed_b;
+    for (int64_t width : shape_.widths) {
+      for (const auto& step : shape_.steps) {
+        for (int64_t s = 1; s <= row_steps_; ++s) {
+          Entry e{MatmulDesc(shape_.gemm_dtype, s * shape_.row_granule, step.reduce, width,
+                             shape_.lda, shape_.ldb, shape_.ldc, step.accumulate,
+                             /*user_scratchpad=*/true, packed_b),
+                  {}, width};
+          e.primitive = dnnl::matmul(e.pd);
+          scratchpad_bytes_ = std::max<uint64_t>(scratchpad_bytes_, e.pd.scratchpad_desc().get_size());
+          if (packed_b && !AddPack(width, step.reduce, e.pd.weights_desc())) {
+            entries_.clear();
+            packs_.clear();
+            return false;
+          }
+          entries_.push_back(std::move(e));
+        }
+      }
+    }
+    return true;
+  }
+
+  bool AddPack(int64_t width, int64_t reduce, const dnnl::memory::desc& packed) {
+    for (const Pack& p : packs_) {
+      if (p.width == width && p.reduce == reduce) return p.dst == packed;
+    }
+    Pack p{width, reduce, PlainB(shape_.gemm_dtype, reduce, width, shape_.ldb), packed, {}};
+    const dnnl::reorder::primitive_desc pd(Engine(), p.src, Engine(), p.dst);
+    if (pd.scratchpad_desc().get_size() != 0) return false;
+    p.reorder = dnnl::reorder(pd);
+    packed_b_bytes_ = std::max<uint64_t>(packed_b_bytes_, (packed.get_size() + 63) / 64 * 64);
+    packs_.push_back(std::move(p));
+    return true;
+  }
+
+  size_t PackIndex(int64_t width, int64_t reduce) const {
+    for (size_t i = 0; i < packs_.size(); ++i) {
+      if (packs_[i].width == width && packs_[i].reduce == reduce) return i;
+    }
+    throw std::logic_error(fmt::format("MoE tile GEMM: B of {}x{} was not prepared", width, reduce));
+  }
 
   static size_t Position(const std::vector<int64_t>& values, int64_t value) {
     return static_cast<size_t>(std::find(values.begin(), values.end(), value) - values.begin());
@@ -250,12 +334,23 @@ class OneDnnTileGemm final : public MoeTileGemm {
                            {DNNL_ARG_SCRATCHPAD, dnnl::memory(e.pd.scratchpad_desc(), engine, s.get())}});
       ThreadStream().wait();
     }
+    for (const Pack& p : packs_) {  // jit reorders too
+      auto src = std::unique_ptr<void, decltype(&std::free)>(std::calloc(p.src.get_size() + 64, 1), &std::free);
+      auto dst = std::unique_ptr<void, decltype(&std::free)>(std::calloc(p.dst.get_size() + 64, 1), &std::free);
+      if (!src || !dst) throw std::bad_alloc();
+      dnnl::memory src_mem(p.src, Engine(), src.get()), dst_mem(p.dst, Engine(), dst.get());
+      p.reorder.execute(ThreadStream(), src_mem, dst_mem);
+      ThreadStream().wait();
+    }
   }
 
   MoeTileGemmShape shape_;
   int64_t row_steps_ = 0;
   std::vector<Entry> entries_;
+  std::vector<Pack> packs_;
+  bool packed_b_ = false;
   uint64_t scratchpad_bytes_ = 0;
+  uint64_t packed_b_bytes_ = 0;
   std::map<int64_t, std::string> impls_;
 };
 

@@ -29,6 +29,9 @@ struct MoeTileGemmShape {
     bool operator==(const Step&) const = default;
   };
   std::vector<Step> steps;
+  // The caller hands each B to Worker::PrepareB once and passes what it returns to every Run on
+  // that B: the library then packs B into its own layout once instead of on every call.
+  bool prepared_b = false;
 };
 
 // Tile GEMM: C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda) *
@@ -50,6 +53,10 @@ class MoeTileGemm {
   class Worker {
    public:
     virtual ~Worker() = default;
+    // With shape.prepared_b: B [width, reduce] (row stride ldb) as Run's `b` wants it, valid
+    // until the next PrepareB on this worker (oneDNN: packed into the thread's scratchpad in the
+    // blocked layout its kernel reads; the own kernel: b itself). Without: b itself.
+    virtual const void* PrepareB(int64_t width, int64_t reduce, const void* b) { return b; }
     virtual void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
                      const void* b, float* c) = 0;
   };
