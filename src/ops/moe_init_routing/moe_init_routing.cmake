@@ -7,4 +7,6 @@ target_sources(gradkit PRIVATE
   ${_moe_init_routing_dir}/moe_init_routing_plan.cc
   ${_moe_init_routing_dir}/moe_init_routing_api.cc
 )
+# The CLI's commands of the MoE layer's routing operators (both of them).
+target_sources(gradkit_cli PRIVATE ${CMAKE_SOURCE_DIR}/tools/gradkit/moe_routing_cmd.cc)
 unset(_moe_init_routing_dir)
