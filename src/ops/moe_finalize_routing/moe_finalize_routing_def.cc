@@ -66,6 +66,16 @@ gkStatus CheckShapes(std::string_view api, const MoeFinalizeArgs& a, MoeFinalize
                 "batch {} * topK {} overflows int64; the slots must be countable", s->batch,
                 s->top_k);
   }
+  if (slots > kMoeRoutingMaxSlots) {
+    return Fail(GK_ERROR_PARAM_INVALID, api,
+                "batch {} * topK {} = {} slots, more than 2^59: the workspace's slot table "
+                "(8 bytes a slot) would overflow 64-bit sizes",
+                s->batch, s->top_k, slots);
+  }
+  if (s->n > kMoeGradMaxDim) {
+    return Fail(GK_ERROR_PARAM_INVALID, api,
+                "expandedY has shape {}: N (dim 1) must be below 2^31", ShapeString(y));
+  }
   if (s->m > slots) {
     return Fail(GK_ERROR_PARAM_INVALID, api,
                 "expandedY has {} rows (M), more than batch {} * topK {} = {} slots (probs' shape)",

@@ -13,6 +13,9 @@
 
 namespace gk {
 
+// batch * topK bound: the slot tables in the workspace (8 bytes a slot) keep 64-bit sizes.
+inline constexpr int64_t kMoeRoutingMaxSlots = int64_t{1} << 59;
+
 inline constexpr std::string_view kMoeFinalizeRoutingName = "MoeFinalizeRouting";
 inline constexpr std::string_view kMoeFinalizeRoutingGradName = "MoeFinalizeRoutingGrad";
 

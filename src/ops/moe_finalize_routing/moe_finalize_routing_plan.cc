@@ -11,7 +11,9 @@ namespace gk {
 MoeFinalizePlan MakeMoeFinalizePlan(const MoeFinalizeShape& s, int32_t threads) {
   MoeFinalizePlan p{};
   p.shape = s;
-  p.tokens_per_unit = std::max<int64_t>(1, kMoeFinalizeUnitElems / std::max<int64_t>(1, s.top_k * s.n));
+  int64_t token_elems;  // topK x N, saturated: a token that large is a unit of its own
+  if (__builtin_mul_overflow(s.top_k, s.n, &token_elems)) token_elems = kMoeFinalizeUnitElems;
+  p.tokens_per_unit = std::max<int64_t>(1, kMoeFinalizeUnitElems / std::max<int64_t>(1, token_elems));
   p.units = (s.batch + p.tokens_per_unit - 1) / p.tokens_per_unit;
   p.threads = static_cast<int32_t>(std::clamp<int64_t>(p.units, 1, std::max(threads, 1)));
   const uint64_t a = kMoeFinalizeAlignment;

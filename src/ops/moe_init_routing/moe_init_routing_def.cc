@@ -58,6 +58,12 @@ gkStatus CheckShapes(std::string_view api, const MoeInitRoutingArgs& a, MoeInitR
                 "batch {} * topK {} overflows int64; the slots must be countable", s->batch,
                 s->top_k);
   }
+  if (slots > kMoeInitRoutingMaxSlots) {
+    return Fail(GK_ERROR_PARAM_INVALID, api,
+                "batch {} * topK {} = {} slots, more than 2^59: the workspace's routing table "
+                "(8 bytes a row) would overflow 64-bit sizes",
+                s->batch, s->top_k, slots);
+  }
   GK_RETURN_IF_ERROR(CheckDimIs(api, ex, "expandedX", 1, s->h, "H, x.shape[1]"));
   GK_RETURN_IF_ERROR(CheckDimIs(api, groups, "groupList", 0, s->g, "expertNum"));
   if (s->rows > s->max_rows()) {

@@ -15,6 +15,8 @@ namespace gk {
 
 inline constexpr std::string_view kMoeInitRoutingName = "MoeInitRouting";
 inline constexpr int64_t kMoeInitRoutingMaxExperts = (int64_t{1} << 31) - 1;
+// batch * topK bound: the routing table (8 bytes a row, R <= batch * topK) keeps 64-bit sizes.
+inline constexpr int64_t kMoeInitRoutingMaxSlots = int64_t{1} << 59;
 
 struct MoeInitRoutingArgs {
   const gkTensor* x;            // [batch, H]

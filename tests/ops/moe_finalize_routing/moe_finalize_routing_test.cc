@@ -358,6 +358,28 @@ TEST(moe_finalize_routing, IndexErrorsNameArgumentValueAndRule) {
   }
 }
 
+TEST(moe_finalize_routing, RowIdxTypeMixUpGetsTheFusedOpsHint) {
+  // 2 tokens x topK 2, slots 1 and 3 dropped: M = 2. The scatter index [0, -1, 1, -1] declared
+  // as gather fits the sizes (L = 4 >= M) but not the values.
+  std::vector<float> y(2 * 3, 1.0f), probs(4, 1.0f), out(2 * 3, 7.0f);
+  std::vector<int64_t> idx = {0, -1, 1, -1};
+  TensorGuard y_t({2, 3}, DType::kF32, y.data());
+  TensorGuard p_t({2, 2}, DType::kF32, probs.data());
+  TensorGuard i_t({4}, DType::kI64, idx.data());
+  TensorGuard out_t({2, 3}, DType::kF32, out.data());
+  uint64_t ws = 0;
+  gkOpExecutor* executor = nullptr;
+  EXPECT_EQ(gkMoeFinalizeRoutingGetWorkspaceSize(y_t.t, p_t.t, i_t.t, GK_ROW_IDX_GATHER, out_t.t,
+                                                 &ws, &executor),
+            GK_ERROR_PARAM_INVALID);
+  const std::string message = gkGetRecentErrMsg();
+  EXPECT_NE(message.find("expandedRowIdx[1] is -1, it must be an original slot in [0, 4)"),
+            std::string::npos) << message;
+  EXPECT_NE(message.find("(the values form a valid scatter index: is it rowIdxType 1?)"),
+            std::string::npos) << message;
+  for (float v : out) EXPECT_EQ(v, 7.0f);
+}
+
 TEST(moe_finalize_routing, ShapeErrorsNameArgumentValueAndRule) {
   const int64_t batch = 4, top_k = 2, n = 3, m = 8;
   std::vector<float> y(m * n, 1.0f), probs(batch * top_k, 1.0f), go(batch * n, 1.0f);
