@@ -4,6 +4,8 @@
 
 #include "gradkit/base.h"
 #include "gradkit/elu_grad_v2.h"
+#include "gradkit/moe_finalize_routing.h"
+#include "gradkit/moe_init_routing.h"
 #include "gradkit/moe_init_routing_grouped_matmul_grad.h"
 
 #endif /* GRADKIT_GRADKIT_H_ */

@@ -14,6 +14,7 @@ struct CommandSet {
 
 void RegisterEluGradV2Commands(CommandSet& commands);
 void RegisterMoeGradCommands(CommandSet& commands);
+void RegisterMoeRoutingCommands(CommandSet& commands);
 void RegisterDemoAndInfoCommands(CommandSet& commands);
 
 }  // namespace gk::cli

@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
   gk::cli::CommandSet commands{app, *plan, *bench};
   gk::cli::RegisterEluGradV2Commands(commands);
   gk::cli::RegisterMoeGradCommands(commands);
+  gk::cli::RegisterMoeRoutingCommands(commands);
   gk::cli::RegisterDemoAndInfoCommands(commands);
   app.parse_complete_callback([&] {
     if (!isa.empty()) SelectIsaOption(isa);
