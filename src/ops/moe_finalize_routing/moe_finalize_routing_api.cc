@@ -140,14 +140,6 @@ gkStatus Plan(std::string_view api, const MoeFinalizeArgs& args, uint64_t* works
   return GK_SUCCESS;
 }
 
-// A C caller may pass any int: read the enum's bits, not its value (loading an enum outside its
-// range is undefined in C++); the checks then name the bad value.
-int32_t EnumBits(const gkRowIdxType& value) {
-  int32_t bits;
-  static_assert(sizeof bits == sizeof value);
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
 
 }  // namespace
 }  // namespace gk

@@ -168,12 +168,7 @@ gkStatus CheckMoeFinalize(std::string_view api, const MoeFinalizeArgs& a, MoeFin
     GK_RETURN_IF_ERROR(CheckDTypeOrF32(api, *a.out, "out", y.dtype, "expandedY"));
     s->token_dtype = a.out->dtype;
   }
-  if (a.row_idx_type != GK_ROW_IDX_GATHER && a.row_idx_type != GK_ROW_IDX_SCATTER) {
-    return Fail(GK_ERROR_PARAM_INVALID, api,
-                "rowIdxType is {}, it must be GK_ROW_IDX_GATHER (0: expanded -> original) or "
-                "GK_ROW_IDX_SCATTER (1: original -> expanded)",
-                a.row_idx_type);
-  }
+  GK_RETURN_IF_ERROR(CheckRowIdxType(api, a.row_idx_type));
   s->row_idx_type = static_cast<RowIdxType>(a.row_idx_type);
   GK_RETURN_IF_ERROR(CheckShapes(api, a, s));
 

@@ -18,19 +18,8 @@ gkStatus CheckAttributes(std::string_view api, const MoeInitRoutingArgs& a) {
     return Fail(GK_ERROR_PARAM_INVALID, api,
                 "expertCapacity is {}, it must be >= 0 (0 keeps every slot)", a.expert_capacity);
   }
-  if (a.row_idx_type != GK_ROW_IDX_GATHER && a.row_idx_type != GK_ROW_IDX_SCATTER) {
-    return Fail(GK_ERROR_PARAM_INVALID, api,
-                "rowIdxType is {}, it must be GK_ROW_IDX_GATHER (0: expanded -> original) or "
-                "GK_ROW_IDX_SCATTER (1: original -> expanded)",
-                a.row_idx_type);
-  }
-  if (a.group_list_type != GK_GROUP_LIST_COUNT && a.group_list_type != GK_GROUP_LIST_CUMSUM) {
-    return Fail(GK_ERROR_PARAM_INVALID, api,
-                "groupListType is {}, it must be GK_GROUP_LIST_COUNT (0) or GK_GROUP_LIST_CUMSUM "
-                "(1)",
-                a.group_list_type);
-  }
-  return GK_SUCCESS;
+  GK_RETURN_IF_ERROR(CheckRowIdxType(api, a.row_idx_type));
+  return CheckGroupListType(api, a.group_list_type);
 }
 
 gkStatus CheckShapes(std::string_view api, const MoeInitRoutingArgs& a, MoeInitRoutingShape* s) {

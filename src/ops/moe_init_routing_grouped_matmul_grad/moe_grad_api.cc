@@ -269,13 +269,7 @@ extern "C" gkStatus gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
     if (executor != nullptr) *executor = nullptr;
     GK_RETURN_IF_ERROR(CheckNotNull(kPhase1, workspaceSize, "workspaceSize"));
     GK_RETURN_IF_ERROR(CheckNotNull(kPhase1, executor, "executor"));
-    // A C caller may pass any int: read the enums' bits, not their values (loading an enum
-    // outside its range is undefined in C++); the checks then name the bad value.
-    int32_t row_idx_type, group_list_type;
-    static_assert(sizeof row_idx_type == sizeof rowIdxType);
-    static_assert(sizeof group_list_type == sizeof groupListType);
-    std::memcpy(&row_idx_type, &rowIdxType, sizeof row_idx_type);
-    std::memcpy(&group_list_type, &groupListType, sizeof group_list_type);
+    const int32_t row_idx_type = EnumBits(rowIdxType), group_list_type = EnumBits(groupListType);
     const MoeGradArgs args{gradY, weight, expandedRowIdx, groupList, batch, topK, row_idx_type,
                            group_list_type, gradX};
     MoeGradShape shape{};

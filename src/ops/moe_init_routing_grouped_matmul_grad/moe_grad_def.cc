@@ -16,6 +16,23 @@ std::string_view GroupListTypeName(GroupListType type) {
   return type == GroupListType::kCount ? "count" : "cumsum";
 }
 
+gkStatus CheckRowIdxType(std::string_view api, int64_t row_idx_type) {
+  if (row_idx_type == GK_ROW_IDX_GATHER || row_idx_type == GK_ROW_IDX_SCATTER) return GK_SUCCESS;
+  return Fail(GK_ERROR_PARAM_INVALID, api,
+              "rowIdxType is {}, it must be GK_ROW_IDX_GATHER (0: expanded -> original) or "
+              "GK_ROW_IDX_SCATTER (1: original -> expanded)",
+              row_idx_type);
+}
+
+gkStatus CheckGroupListType(std::string_view api, int64_t group_list_type) {
+  if (group_list_type == GK_GROUP_LIST_COUNT || group_list_type == GK_GROUP_LIST_CUMSUM) {
+    return GK_SUCCESS;
+  }
+  return Fail(GK_ERROR_PARAM_INVALID, api,
+              "groupListType is {}, it must be GK_GROUP_LIST_COUNT (0) or GK_GROUP_LIST_CUMSUM (1)",
+              group_list_type);
+}
+
 namespace {
 
 gkStatus CheckAttributes(std::string_view api, const MoeGradArgs& a) {
@@ -27,19 +44,8 @@ gkStatus CheckAttributes(std::string_view api, const MoeGradArgs& a) {
                 "batch {} * topK {} overflows int64; the original slots must be countable",
                 a.batch, a.top_k);
   }
-  if (a.row_idx_type != 0 && a.row_idx_type != 1) {
-    return Fail(GK_ERROR_PARAM_INVALID, api,
-                "rowIdxType is {}, it must be GK_ROW_IDX_GATHER (0: expanded -> original) or "
-                "GK_ROW_IDX_SCATTER (1: original -> expanded)",
-                a.row_idx_type);
-  }
-  if (a.group_list_type != GK_GROUP_LIST_COUNT && a.group_list_type != GK_GROUP_LIST_CUMSUM) {
-    return Fail(GK_ERROR_PARAM_INVALID, api,
-                "groupListType is {}, it must be GK_GROUP_LIST_COUNT (0) or GK_GROUP_LIST_CUMSUM "
-                "(1)",
-                a.group_list_type);
-  }
-  return GK_SUCCESS;
+  GK_RETURN_IF_ERROR(CheckRowIdxType(api, a.row_idx_type));
+  return CheckGroupListType(api, a.group_list_type);
 }
 
 // gradY's columns are weight's N. When they match K instead, weight is most likely nn.Linear's

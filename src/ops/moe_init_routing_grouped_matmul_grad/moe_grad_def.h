@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 #include "core/dtype.h"
@@ -20,6 +21,19 @@ enum class RowIdxType : int32_t { kGather = GK_ROW_IDX_GATHER, kScatter = GK_ROW
 enum class GroupListType : int32_t { kCount = GK_GROUP_LIST_COUNT, kCumsum = GK_GROUP_LIST_CUMSUM };
 std::string_view RowIdxTypeName(RowIdxType type);        // "gather" | "scatter"
 std::string_view GroupListTypeName(GroupListType type);  // "count" | "cumsum"
+
+// The value a C caller passed for an enum argument: its bits (any int may arrive, and loading an
+// enum outside its range is undefined in C++), for the checks below to name. Every MoE operator
+// reads gkRowIdxType and gkGroupListType this way.
+template <class Enum>
+int32_t EnumBits(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int32_t));
+  int32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+gkStatus CheckRowIdxType(std::string_view api, int64_t row_idx_type);
+gkStatus CheckGroupListType(std::string_view api, int64_t group_list_type);
 
 struct MoeGradArgs {
   const gkTensor* grad_y;            // dy [M, N]
