@@ -196,3 +196,17 @@ def test_layer_chain_routes_and_finalizes(tmp_path):
     kept = np.load(tmp_path / "r.npy").reshape(batch, top_k) >= 0
     want = (probs * kept).sum(1, keepdims=True) * x
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), want)
+
+
+def test_bench_reports_each_operator_beside_its_copy(cli):
+    import json
+    r = cli("bench", "moe-routing", "--preset", "S1", "--dtype", "bf16", "--threads", "1",
+            "--min-time", "0.01", "--json")
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["op"] for row in rows] == ["init", "finalize", "finalize_grad"]
+    for row in rows:
+        assert row["shape"] == "S1" and row["dtype"] == "bfloat16" and row["M"] == 8192
+        assert row["gbps"] > 0 and row["copy_gbps"] > 0
+        assert abs(row["vs_copy"] - row["gbps"] / row["copy_gbps"]) < 1e-3
+    bad = cli("bench", "moe-routing", "--preset", "S9", check=False)
+    assert bad.returncode == 2 and "--preset is 'S9', it must be S1..S4" in bad.stderr

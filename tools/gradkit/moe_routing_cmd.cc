@@ -4,8 +4,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
+#include <optional>
+#include <string>
 
+#include "bench/moe_routing_bench.h"
 #include "tools/gradkit/cli_util.h"
 #include "tools/gradkit/commands.h"
 
@@ -283,9 +287,60 @@ void AddCommonOptions(CLI::App* cmd, FinalizeOptions& o) {
   cmd->add_flag("-q,--quiet", o.quiet, "No notes on stderr (warnings and errors remain)");
 }
 
+struct RoutingBenchOptions {
+  std::optional<std::string> preset;
+  std::string dtype;
+  int32_t threads = 0;
+  double min_seconds = 0.5;
+  bool json = false;
+};
+
+void RunRoutingBench(const RoutingBenchOptions& o) {
+  CheckThreadsOption(o.threads, "--threads");
+  if (o.preset && *o.preset != "S1" && *o.preset != "S2" && *o.preset != "S3" && *o.preset != "S4") {
+    throw CliError(fmt::format("--preset is '{}', it must be S1..S4", *o.preset));
+  }
+  if (!(o.min_seconds > 0)) throw CliError(fmt::format("--min-time is {}, it must be > 0", o.min_seconds));
+  std::optional<DType> dtype;
+  if (!o.dtype.empty()) dtype = ParseFloatDType(o.dtype, "--dtype");
+  const int32_t threads = o.threads > 0 ? o.threads : gkGetNumThreads();
+  if (!o.json) {
+    std::printf("MoE routing operators, %d threads; GB/s = bytes read + written per second, beside "
+                "a parallel copy of the same bytes in the same run\n",
+                threads);
+    std::printf("%-4s %-9s %-14s %8s %6s %10s %9s %8s\n", "", "dtype", "op", "M", "H", "GB/s",
+                "copy", "vs copy");
+  }
+  for (const auto& c : bench::MoeRoutingBenchCases(o.preset, dtype, threads)) {
+    for (const auto& r : bench::RunMoeRoutingBenchCase(c, o.min_seconds)) {
+      if (o.json) {
+        std::printf("%s\n", bench::MoeRoutingBenchJson(r).c_str());
+      } else {
+        std::printf("%-4s %-9s %-14s %8lld %6lld %10.2f %9.2f %7.0f%%\n", c.shape.c_str(),
+                    std::string(DTypeName(c.dtype)).c_str(), r.op.c_str(),
+                    static_cast<long long>(r.m), static_cast<long long>(c.h), r.gbps, r.copy_gbps,
+                    100.0 * r.gbps / r.copy_gbps);
+      }
+      std::fflush(stdout);
+    }
+  }
+}
+
 }  // namespace
 
 void RegisterMoeRoutingCommands(CommandSet& commands) {
+  auto bench = std::make_shared<RoutingBenchOptions>();
+  auto* bench_cmd = commands.bench.add_subcommand(
+      "moe-routing", "MoeInitRouting, MoeFinalizeRouting(Grad): GB/s vs a copy of the same bytes");
+  bench_cmd->add_option("--preset", bench->preset,
+                        "Only this shape: S1..S4, the moe-grad presets with H = their K");
+  bench_cmd->add_option("--dtype", bench->dtype, "Only this dtype (f32|f16|bf16)");
+  bench_cmd->add_option("--threads", bench->threads, "Threads, 0: GRADKIT_NUM_THREADS or all cores")
+      ->capture_default_str();
+  bench_cmd->add_option("--min-time", bench->min_seconds, "Seconds per operator (default 0.5)");
+  bench_cmd->add_flag("--json", bench->json, "One JSON object per operator and line");
+  bench_cmd->callback([bench] { RunRoutingBench(*bench); });
+
   auto init = std::make_shared<InitRoutingOptions>();
   auto* cmd = commands.app.add_subcommand(
       "moe-init-routing", "MoeInitRouting: tokens -> expanded rows grouped by expert");
