@@ -138,6 +138,13 @@ dnnl::matmul::primitive_desc MatmulDesc(DType dtype, int64_t rows, int64_t reduc
   return dnnl_compat::MakeMatmulPd(a, b, c, attr, Engine());
 }
 
+// B packed once per caller's B (MoeTileGemmShape::prepared_b) on oneDNN 2.x only. With oneDNN
+// 3.7 (Debian 13) the same code gave wrong sums (a quarter of them, on N = 4): the weights layout
+// its brgemm asks for through format_tag::any (AB16a64b, padded) is not what the reorder into
+// that very descriptor writes, or not all of it is read back. Until that is understood, 3.x
+// keeps oneDNN's packing on every call (tested on both by the fresh-machine runs).
+constexpr bool kPackBOnce = DNNL_VERSION_MAJOR == 2;
+
 class OneDnnTileGemm final : public MoeTileGemm {
  public:
   explicit OneDnnTileGemm(const MoeTileGemmShape& shape) : shape_(shape) {
@@ -146,7 +153,9 @@ class OneDnnTileGemm final : public MoeTileGemm {
     row_steps_ = shape.max_rows / shape.row_granule;
     // Packed B needs one layout per (width, reduce) whatever the row count; where the library
     // picks different ones, B is read in place instead.
-    if (!(shape.prepared_b && MakeEntries(/*packed_b=*/true))) MakeEntries(/*packed_b=*/false);
+    if (!(shape.prepared_b && kPackBOnce && MakeEntries(/*packed_b=*/true))) {
+      MakeEntries(/*packed_b=*/false);
+    }
     for (const Entry& e : entries_) {
       const std::string name = e.pd.impl_info_str();
       std::string& impl = impls_[e.width];
