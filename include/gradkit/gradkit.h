@@ -7,5 +7,6 @@
 #include "gradkit/moe_finalize_routing.h"
 #include "gradkit/moe_init_routing.h"
 #include "gradkit/moe_init_routing_grouped_matmul_grad.h"
+#include "gradkit/grouped_matmul.h"
 
 #endif /* GRADKIT_GRADKIT_H_ */

@@ -15,6 +15,7 @@ struct CommandSet {
 void RegisterEluGradV2Commands(CommandSet& commands);
 void RegisterMoeGradCommands(CommandSet& commands);
 void RegisterMoeRoutingCommands(CommandSet& commands);
+void RegisterGroupedMatmulCommands(CommandSet& commands);
 void RegisterDemoAndInfoCommands(CommandSet& commands);
 
 }  // namespace gk::cli

@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
   gk::cli::RegisterEluGradV2Commands(commands);
   gk::cli::RegisterMoeGradCommands(commands);
   gk::cli::RegisterMoeRoutingCommands(commands);
+  gk::cli::RegisterGroupedMatmulCommands(commands);
   gk::cli::RegisterDemoAndInfoCommands(commands);
   app.parse_complete_callback([&] {
     if (!isa.empty()) SelectIsaOption(isa);

@@ -8,7 +8,8 @@
 namespace gk {
 
 gkStatus BuildGroupOffsets(std::string_view api, const gkTensor& group_list,
-                           const MoeGradShape& shape, int64_t* group_offsets) {
+                           const MoeGradShape& shape, int64_t* group_offsets,
+                           std::string_view rows_of) {
   const bool cumsum = shape.group_list_type == GroupListType::kCumsum;
   group_offsets[0] = 0;
   for (int64_t g = 0; g < shape.g; ++g) {
@@ -36,22 +37,23 @@ gkStatus BuildGroupOffsets(std::string_view api, const gkTensor& group_list,
         // Print the prefix and the value, not their sum: it may pass 2^63.
         return Fail(GK_ERROR_PARAM_INVALID, api,
                     "groupList[{}] is {} after {} rows in groups before it: the counts total more "
-                    "than M = {} rows of gradY",
-                    g, value, previous, shape.m);
+                    "than M = {} rows of {}",
+                    g, value, previous, shape.m, rows_of);
       }
       end = previous + value;
     }
     if (end > shape.m) {
       return Fail(GK_ERROR_PARAM_INVALID, api,
-                  "groupList[{}] is {}, past M = {} rows of gradY (cumsum group list)", g, value,
-                  shape.m);
+                  "groupList[{}] is {}, past M = {} rows of {} (cumsum group list)", g, value,
+                  shape.m, rows_of);
     }
     group_offsets[g + 1] = end;
   }
   if (group_offsets[shape.g] != shape.m) {
     return Fail(GK_ERROR_PARAM_INVALID, api,
-                "groupList ({}) totals {} rows, but gradY has M = {} rows; they must be equal",
-                GroupListTypeName(shape.group_list_type), group_offsets[shape.g], shape.m);
+                "groupList ({}) totals {} rows, but {} has M = {} rows; they must be equal",
+                GroupListTypeName(shape.group_list_type), group_offsets[shape.g], rows_of,
+                shape.m);
   }
   return GK_SUCCESS;
 }

@@ -21,9 +21,11 @@ inline int64_t IndexAt(const gkTensor& t, int64_t i) {
 }
 
 // group_offsets[0..G]: expert g owns expanded rows [group_offsets[g], group_offsets[g + 1]).
-// Fails unless the list is valid for its type and totals shape.m.
+// Fails unless the list is valid for its type and totals shape.m; messages call the tensor whose
+// rows M counts `rows_of` (other operators than this one reuse the check).
 gkStatus BuildGroupOffsets(std::string_view api, const gkTensor& group_list,
-                           const MoeGradShape& shape, int64_t* group_offsets);
+                           const MoeGradShape& shape, int64_t* group_offsets,
+                           std::string_view rows_of = "gradY");
 
 // row_token[i] = token of expanded row i, for i < M. Fails when an index is out of range; for
 // rowIdxType 1 also when a row is named twice or never.

@@ -1,0 +1,342 @@
+// GroupedMatmul and GroupedMatmulWeightGrad two-phase C API: phase 1 checks (index values
+// included) and plans, phase 2 rebuilds the routing tables in the workspace and runs the tiles.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/c_api_guard.h"
+#include "core/check.h"
+#include "core/error.h"
+#include "core/executor.h"
+#include "core/thread_pool.h"
+#include "gradkit/grouped_matmul.h"
+#include "ops/grouped_matmul/cpu/grouped_matmul_kernels.h"
+#include "ops/grouped_matmul/grouped_matmul_def.h"
+#include "ops/grouped_matmul/grouped_matmul_plan.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_kernels.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_routing.h"
+
+namespace gk {
+namespace {
+
+constexpr std::string_view kForward1 = "gkGroupedMatmulGetWorkspaceSize";
+constexpr std::string_view kForward2 = "gkGroupedMatmul";
+constexpr std::string_view kWeightGrad1 = "gkGroupedMatmulWeightGradGetWorkspaceSize";
+constexpr std::string_view kWeightGrad2 = "gkGroupedMatmulWeightGrad";
+
+char* Base(const gkTensor& t) {
+  return static_cast<char*>(t.data) + t.offset * ElementBytes(t.dtype);
+}
+
+// What one thread owns in the workspace, and the routing tables all threads read.
+struct ThreadSlots {
+  float* c_tile;
+  char* a_tile;
+  char* b_tile;
+  MoeTileGemm::Worker* gemm;
+};
+struct Tables {
+  const int64_t* group_offsets;
+  const int64_t* row_token;  // gather-fused only
+};
+
+// Shared by both executors: the plan, the prepared GEMM, the routing tables rebuilt (and
+// re-checked, as index data may have changed since phase 1) before any output byte is written,
+// then one task per thread over its contiguous range of units.
+class GroupedMatmulExecutorBase : public gkOpExecutor {
+ public:
+  GroupedMatmulExecutorBase(const GroupedMatmulPlan& plan, std::unique_ptr<MoeTileGemm> gemm,
+                            const gkTensor& x, const gkTensor& operand, const gkTensor& groups,
+                            const gkTensor* idx, const gkTensor& out)
+      : plan_(plan), gemm_(std::move(gemm)), x_(x), operand_(operand), groups_(groups),
+        idx_(idx ? *idx : gkTensor{}), out_(out) {}
+
+  std::string_view op_name() const override { return GroupedMatmulOpName(plan_.shape.op); }
+  uint64_t workspace_bytes() const override { return plan_.workspace_bytes; }
+
+  gkStatus Run(void* workspace) const override {
+    const GroupedMatmulPlan& p = plan_;
+    const GroupedMatmulShape& s = p.shape;
+    const std::string_view api =
+        s.op == GroupedMatmulOp::kForward ? kForward2 : kWeightGrad2;
+    char* base = static_cast<char*>(AlignUp(workspace, kGroupedMatmulAlignment));
+    const GroupedMatmulLayout& l = p.layout;
+    const auto at = [&](const GroupedMatmulRegion& r) { return r.bytes ? base + r.offset : nullptr; };
+    auto* group_offsets = reinterpret_cast<int64_t*>(at(l.group_offsets));
+    auto* row_token = reinterpret_cast<int64_t*>(at(l.row_token));
+    GK_RETURN_IF_ERROR(
+        BuildGroupOffsets(api, groups_, s.routing, group_offsets, GroupedMatmulRowsOf(s)));
+    if (s.gather_fused) {
+      GK_RETURN_IF_ERROR(BuildRowTokens(api, idx_, s.routing, row_token));
+      if (s.routing.row_idx_type == RowIdxType::kGather) {
+        GK_RETURN_IF_ERROR(CheckDistinctSlots(api, idx_, s.routing));
+      }
+    }
+    const Tables tables{group_offsets, row_token};
+    const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
+    const uint64_t c_tile = AlignUp(static_cast<uint64_t>(p.base_m * p.base_n) * 4, kGroupedMatmulAlignment);
+    const uint64_t a_tile = AlignUp(static_cast<uint64_t>(p.a_tile_elems * gemm_elem), kGroupedMatmulAlignment);
+    const uint64_t b_tile = AlignUp(static_cast<uint64_t>(p.b_tile_elems * gemm_elem), kGroupedMatmulAlignment);
+    ParallelFor(p.threads, p.threads, [&](int64_t task) {
+      const auto t = static_cast<uint64_t>(task);
+      const GemmSequentialScope sequential;
+      char* system = at(l.system);
+      const auto worker = gemm_->MakeWorker(system ? system + t * p.gemm_scratchpad_bytes : nullptr);
+      ThreadSlots slots{reinterpret_cast<float*>(at(l.c_tiles) + t * c_tile),
+                        l.a_tiles.bytes ? at(l.a_tiles) + t * a_tile : nullptr,
+                        l.b_tiles.bytes ? at(l.b_tiles) + t * b_tile : nullptr, worker.get()};
+      RunUnits(p.UnitBegin(static_cast<int32_t>(task)), p.UnitBegin(static_cast<int32_t>(task) + 1),
+               tables, slots);
+    });
+    return GK_SUCCESS;
+  }
+
+ protected:
+  virtual void RunUnits(int64_t begin, int64_t end, const Tables& tables,
+                        ThreadSlots& slots) const = 0;
+
+  // The row of x that expanded row i reads.
+  const char* XRow(const Tables& tables, int64_t i) const {
+    const int64_t row = plan_.shape.gather_fused ? tables.row_token[i] : i;
+    return Base(x_) + row * plan_.shape.k * ElementBytes(plan_.shape.dtype);
+  }
+  int64_t BlockCols(int64_t block) const {
+    return block == plan_.col_blocks - 1 ? plan_.last_block_cols : plan_.base_n;
+  }
+  int64_t PaddedRows(int64_t rows) const {
+    return (rows + plan_.row_granule - 1) / plan_.row_granule * plan_.row_granule;
+  }
+
+  GroupedMatmulPlan plan_;
+  std::unique_ptr<MoeTileGemm> gemm_;
+  gkTensor x_, operand_, groups_, idx_, out_;  // copies: the caller may release its descriptors
+};
+
+// ---- GroupedMatmul ------------------------------------------------------------------------------
+class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
+ public:
+  using GroupedMatmulExecutorBase::GroupedMatmulExecutorBase;
+
+ private:
+  void RunUnits(int64_t begin, int64_t end, const Tables& tables,
+                ThreadSlots& slots) const override {
+    const GroupedMatmulPlan& p = plan_;
+    int64_t a_block = -1;            // the row block held in the A tile
+    int64_t b_expert = -1, b_col = -1;  // the weight block held in the B tile
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t row_block = p.column_block_first ? u % p.row_blocks : u / p.col_blocks;
+      const int64_t col_block = p.column_block_first ? u / p.row_blocks : u % p.col_blocks;
+      RunUnit(row_block, col_block, tables, slots, a_block, b_expert, b_col);
+    }
+  }
+
+  void RunUnit(int64_t row_block, int64_t col_block, const Tables& tables, ThreadSlots& slots,
+               int64_t& a_block, int64_t& b_expert, int64_t& b_col) const {
+    const GroupedMatmulPlan& p = plan_;
+    const GroupedMatmulShape& s = p.shape;
+    const int64_t elem = ElementBytes(s.dtype);
+    const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
+    const int64_t r0 = row_block * p.base_m;
+    const int64_t r1 = std::min(s.m, r0 + p.base_m);
+    const int64_t n0 = col_block * p.base_n;
+    const int64_t cols = BlockCols(col_block);
+    const int64_t* off = tables.group_offsets;
+    // x's rows are read in place unless a segment's padded GEMM rows would run past x's end.
+    // (Only the block's last segment can: the earlier ones end 16 rows or more before it.)
+    const int64_t last_begin = std::max(r0, *(std::upper_bound(off, off + s.g + 1, r1 - 1) - 1));
+    const bool in_place = !p.a_copied && last_begin + PaddedRows(r1 - last_begin) <= s.m;
+    if (!in_place && a_block != row_block) {
+      for (int64_t i = r0; i < r1; ++i) {
+        const char* src = XRow(tables, i);
+        char* dst = slots.a_tile + (i - r0) * s.k * gemm_elem;
+        if (s.dtype == DType::kF16) {
+          MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(src), reinterpret_cast<float*>(dst), s.k);
+        } else {
+          std::memcpy(dst, src, static_cast<size_t>(s.k * elem));
+        }
+      }
+      // The rows the last segment's padded GEMM reads past the block: zeros.
+      std::memset(slots.a_tile + (r1 - r0) * s.k * gemm_elem, 0,
+                  static_cast<size_t>(p.row_granule * s.k * gemm_elem));
+      a_block = row_block;
+    }
+    const char* w = Base(operand_);
+    // The experts whose rows meet [r0, r1), ascending: the first is the one holding r0.
+    for (int64_t g = std::upper_bound(off, off + s.g + 1, r0) - off - 1; g < s.g && off[g] < r1; ++g) {
+      const int64_t s0 = std::max(r0, off[g]);
+      const int64_t s1 = std::min(r1, off[g + 1]);
+      if (s0 >= s1) continue;
+      const void* b;
+      if (!p.b_copied) {
+        b = w + (g * s.n + n0) * s.k * elem;  // [N, K] rows of expert g, read in place
+      } else {
+        if (b_expert != g || b_col != col_block) {
+          if (s.weight_nk) {  // float16 [N, K] rows: converted
+            for (int64_t c = 0; c < cols; ++c) {
+              MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(w + (g * s.n + n0 + c) * s.k * elem),
+                                 reinterpret_cast<float*>(slots.b_tile) + c * s.k, s.k);
+            }
+          } else {  // [K, N]: the block's columns become the B tile's rows
+            MoeTransposeWeightBlock(s.dtype, w + (g * s.k * s.n + n0) * elem, s.n, s.k, cols,
+                                    slots.b_tile, s.k);
+          }
+          b_expert = g;
+          b_col = col_block;
+        }
+        b = slots.b_tile;
+      }
+      const void* a = in_place ? XRow(tables, s0) : slots.a_tile + (s0 - r0) * s.k * gemm_elem;
+      slots.gemm->Run(PaddedRows(s1 - s0), cols, s.k, /*accumulate=*/false, a, b, slots.c_tile);
+      char* y = Base(out_);
+      const int64_t out_elem = ElementBytes(s.out_dtype);
+      for (int64_t i = s0; i < s1; ++i) {
+        GroupedMatmulStoreRow(slots.c_tile + (i - s0) * p.base_n, y + (i * s.n + n0) * out_elem,
+                              s.out_dtype, cols);
+      }
+    }
+  }
+};
+
+// ---- GroupedMatmulWeightGrad --------------------------------------------------------------------
+class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
+ public:
+  using GroupedMatmulExecutorBase::GroupedMatmulExecutorBase;
+
+ private:
+  void RunUnits(int64_t begin, int64_t end, const Tables& tables,
+                ThreadSlots& slots) const override {
+    const GroupedMatmulPlan& p = plan_;
+    std::vector<const void*> rows(static_cast<size_t>(p.reduce));
+    const int64_t per_expert = p.row_blocks * p.col_blocks;
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t g = u / per_expert;
+      const int64_t k_block = u % per_expert / p.col_blocks;
+      const int64_t col_block = u % p.col_blocks;
+      RunUnit(g, k_block, col_block, tables, slots, rows);
+    }
+  }
+
+  void RunUnit(int64_t g, int64_t k_block, int64_t col_block, const Tables& tables,
+               ThreadSlots& slots, std::vector<const void*>& rows) const {
+    const GroupedMatmulPlan& p = plan_;
+    const GroupedMatmulShape& s = p.shape;
+    const int64_t elem = ElementBytes(s.dtype);
+    const int64_t k0 = k_block * p.base_m;
+    const int64_t k_rows = k_block == p.row_blocks - 1 ? p.last_block_rows : p.base_m;
+    const int64_t n0 = col_block * p.base_n;
+    const int64_t cols = BlockCols(col_block);
+    const int64_t begin = tables.group_offsets[g], end = tables.group_offsets[g + 1];
+    if (begin == end) {
+      std::fill(slots.c_tile, slots.c_tile + k_rows * p.base_n, 0.0f);
+    } else {
+      const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
+      const int64_t padded = PaddedRows(k_rows);
+      for (int64_t c0 = begin; c0 < end; c0 += p.reduce) {
+        const int64_t chunk = std::min(p.reduce, end - c0);
+        // A = x's block of the chunk's rows, transposed: [k, row]; B = gradY's, [n, row].
+        for (int64_t r = 0; r < chunk; ++r) rows[r] = XRow(tables, c0 + r) + k0 * elem;
+        GroupedMatmulTransposeRows(s.dtype, rows.data(), chunk, k_rows, slots.a_tile, p.reduce);
+        if (padded > k_rows) {
+          std::memset(slots.a_tile + k_rows * p.reduce * gemm_elem, 0,
+                      static_cast<size_t>((padded - k_rows) * p.reduce * gemm_elem));
+        }
+        const char* dy = Base(operand_);
+        for (int64_t r = 0; r < chunk; ++r) rows[r] = dy + ((c0 + r) * s.n + n0) * elem;
+        GroupedMatmulTransposeRows(s.dtype, rows.data(), chunk, cols, slots.b_tile, p.reduce);
+        slots.gemm->Run(padded, cols, p.reduce, /*accumulate=*/c0 > begin, slots.a_tile,
+                        slots.b_tile, slots.c_tile);
+      }
+    }
+    char* dw = Base(out_);
+    const int64_t out_elem = ElementBytes(s.out_dtype);
+    for (int64_t kk = 0; kk < k_rows; ++kk) {
+      GroupedMatmulStoreRow(slots.c_tile + kk * p.base_n,
+                            dw + ((g * s.k + k0 + kk) * s.n + n0) * out_elem, s.out_dtype, cols);
+    }
+  }
+};
+
+// Phase 1 of both operators after the arguments were read.
+template <class Executor>
+gkStatus PlanGroupedMatmul(std::string_view api, const GroupedMatmulArgs& args,
+                           uint64_t* workspace_size, gkOpExecutor** executor) {
+  GroupedMatmulShape shape{};
+  GK_RETURN_IF_ERROR(CheckGroupedMatmul(api, args, &shape));
+  const MoeTileGemmShape gemm_shape = GroupedMatmulTileGemmShape(shape);
+  auto gemm = MoeTileGemm::Create(gemm_shape);
+  const GroupedMatmulPlan plan = MakeGroupedMatmulPlan(
+      shape, GroupedMatmulMachineOf(*gemm, gemm_shape, ConfiguredThreads()));
+  const gkTensor& operand = args.op == GroupedMatmulOp::kForward ? *args.weight : *args.grad_y;
+  *executor = new Executor(plan, std::move(gemm), *args.x, operand, *args.group_list,
+                           args.expanded_row_idx, *args.out);
+  *workspace_size = plan.workspace_bytes;
+  ClearRecentError();
+  return GK_SUCCESS;
+}
+
+// A C caller may pass any int: the enums' bits are read, not their values (loading an enum
+// outside its range is undefined in C++); the checks then name the bad value.
+template <class Enum>
+int32_t EnumBits(Enum value) {
+  int32_t bits;
+  static_assert(sizeof bits == sizeof value);
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
+}
+
+}  // namespace
+}  // namespace gk
+
+extern "C" gkStatus gkGroupedMatmulGetWorkspaceSize(
+    const gkTensor* x, const gkTensor* weight, const gkTensor* groupList,
+    gkGroupListType groupListType, bool transposeWeight, const gkTensor* expandedRowIdx,
+    gkRowIdxType rowIdxType, int64_t topK, gkTensor* y, uint64_t* workspaceSize,
+    gkOpExecutor** executor) {
+  using namespace gk;
+  return GuardCApi(kForward1, [&] {
+    if (executor != nullptr) *executor = nullptr;
+    GK_RETURN_IF_ERROR(CheckNotNull(kForward1, workspaceSize, "workspaceSize"));
+    GK_RETURN_IF_ERROR(CheckNotNull(kForward1, executor, "executor"));
+    const GroupedMatmulArgs args{GroupedMatmulOp::kForward, x, weight, nullptr, groupList,
+                                 EnumBits(groupListType), transposeWeight, expandedRowIdx,
+                                 EnumBits(rowIdxType), topK, y};
+    return PlanGroupedMatmul<GroupedMatmulExecutor>(kForward1, args, workspaceSize, executor);
+  });
+}
+
+extern "C" gkStatus gkGroupedMatmul(void* workspace, uint64_t workspaceSize,
+                                    gkOpExecutor* executor, void* stream) {
+  (void)stream;
+  return gk::GuardCApi(gk::kForward2, [&] {
+    return gk::RunExecutor(gk::kForward2, gk::kGroupedMatmulName, workspace, workspaceSize,
+                           executor);
+  });
+}
+
+extern "C" gkStatus gkGroupedMatmulWeightGradGetWorkspaceSize(
+    const gkTensor* x, const gkTensor* gradY, const gkTensor* groupList,
+    gkGroupListType groupListType, const gkTensor* expandedRowIdx, gkRowIdxType rowIdxType,
+    int64_t topK, gkTensor* gradWeight, uint64_t* workspaceSize, gkOpExecutor** executor) {
+  using namespace gk;
+  return GuardCApi(kWeightGrad1, [&] {
+    if (executor != nullptr) *executor = nullptr;
+    GK_RETURN_IF_ERROR(CheckNotNull(kWeightGrad1, workspaceSize, "workspaceSize"));
+    GK_RETURN_IF_ERROR(CheckNotNull(kWeightGrad1, executor, "executor"));
+    const GroupedMatmulArgs args{GroupedMatmulOp::kWeightGrad, x, nullptr, gradY, groupList,
+                                 EnumBits(groupListType), false, expandedRowIdx,
+                                 EnumBits(rowIdxType), topK, gradWeight};
+    return PlanGroupedMatmul<GroupedMatmulWeightGradExecutor>(kWeightGrad1, args, workspaceSize,
+                                                              executor);
+  });
+}
+
+extern "C" gkStatus gkGroupedMatmulWeightGrad(void* workspace, uint64_t workspaceSize,
+                                              gkOpExecutor* executor, void* stream) {
+  (void)stream;
+  return gk::GuardCApi(gk::kWeightGrad2, [&] {
+    return gk::RunExecutor(gk::kWeightGrad2, gk::kGroupedMatmulWeightGradName, workspace,
+                           workspaceSize, executor);
+  });
+}

@@ -1,0 +1,191 @@
+#include "ops/grouped_matmul/grouped_matmul_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/executor.h"
+#include "core/thread_pool.h"
+
+namespace gk {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
+
+class LayoutBuilder {
+ public:
+  GroupedMatmulRegion Add(uint64_t bytes) {
+    if (bytes == 0) return {0, 0};
+    const GroupedMatmulRegion region{end_, bytes};
+    end_ = AlignUp(end_ + bytes, kGroupedMatmulAlignment);
+    return region;
+  }
+  uint64_t end() const { return end_; }
+
+ private:
+  uint64_t end_ = 0;
+};
+
+uint64_t Bytes(int64_t elems, int64_t elem_bytes) {
+  return static_cast<uint64_t>(elems) * static_cast<uint64_t>(elem_bytes);
+}
+
+// The tiles of a shape, before the machine is known.
+struct Tiles {
+  DType gemm_dtype;
+  int64_t base_m, base_n, reduce;
+  int64_t row_blocks, last_block_rows, col_blocks, last_block_cols;
+};
+
+Tiles ChooseTiles(const GroupedMatmulShape& s) {
+  Tiles t{};
+  t.gemm_dtype = s.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  const bool forward = s.op == GroupedMatmulOp::kForward;
+  // Tile rows: x rows (forward) or K (weight grad), as the fused op: min(best, extent) rounded up
+  // to the padding granule.
+  const int64_t extent = forward ? std::max<int64_t>(s.m, 1) : s.k;
+  t.base_m = std::min(kGroupedMatmulBaseM, RoundUp(extent, kGroupedMatmulRowGranule));
+  t.base_n = std::min(kGroupedMatmulBaseN, s.n);
+  t.reduce = forward ? s.k
+                     : std::min(kGroupedMatmulBaseR,
+                                RoundUp(std::max<int64_t>(s.m, 1), kGroupedMatmulRowGranule));
+  t.row_blocks = CeilDiv(extent, t.base_m);
+  t.last_block_rows = extent - (t.row_blocks - 1) * t.base_m;
+  t.col_blocks = CeilDiv(s.n, t.base_n);
+  t.last_block_cols = s.n - (t.col_blocks - 1) * t.base_n;
+  return t;
+}
+
+}  // namespace
+
+MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
+  const Tiles t = ChooseTiles(s);
+  MoeTileGemmShape g;
+  g.gemm_dtype = t.gemm_dtype;
+  g.max_rows = t.base_m;
+  g.row_granule = kGroupedMatmulRowGranule;
+  g.ldc = t.base_n;
+  // Both operands dense in their reduction: forward A = x rows and B = [N, K] weight rows (in
+  // place or copied), lda = ldb = K; weight grad both transposed copies of base_r columns.
+  g.lda = t.reduce;
+  g.ldb = t.reduce;
+  g.widths = {t.base_n};
+  if (t.last_block_cols != t.base_n) g.widths.push_back(t.last_block_cols);
+  g.steps = {{t.reduce, false}};
+  if (s.op == GroupedMatmulOp::kWeightGrad) g.steps.push_back({t.reduce, true});
+  return g;
+}
+
+GroupedMatmulMachine GroupedMatmulMachineOf(const MoeTileGemm& gemm, const MoeTileGemmShape& shape,
+                                            int32_t threads) {
+  GroupedMatmulMachine machine{threads, gemm.scratchpad_bytes(), gemm.name(), {}};
+  for (int64_t width : shape.widths) machine.gemm_impls.emplace_back(width, gemm.impl(width));
+  return machine;
+}
+
+GroupedMatmulMachine DetectGroupedMatmulMachine(const GroupedMatmulShape& shape) {
+  const MoeTileGemmShape gemm_shape = GroupedMatmulTileGemmShape(shape);
+  const auto gemm = MoeTileGemm::Create(gemm_shape);
+  return GroupedMatmulMachineOf(*gemm, gemm_shape, ConfiguredThreads());
+}
+
+GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
+                                        const GroupedMatmulMachine& machine) {
+  GroupedMatmulPlan p{};
+  p.shape = s;
+  const Tiles t = ChooseTiles(s);
+  const bool forward = s.op == GroupedMatmulOp::kForward;
+  p.gemm_dtype = t.gemm_dtype;
+  p.gemm_backend = machine.gemm_backend;
+  p.gemm_impls = machine.gemm_impls;
+  p.base_m = t.base_m;
+  p.base_n = t.base_n;
+  p.reduce = t.reduce;
+  p.row_granule = kGroupedMatmulRowGranule;
+  p.row_blocks = t.row_blocks;
+  p.last_block_rows = t.last_block_rows;
+  p.col_blocks = t.col_blocks;
+  p.last_block_cols = t.last_block_cols;
+  if (forward) {
+    p.units = s.m == 0 ? 0 : p.row_blocks * p.col_blocks;
+    p.a_copied = s.gather_fused || s.dtype == DType::kF16;
+    p.b_copied = !s.weight_nk || s.dtype == DType::kF16;
+    p.column_block_first = p.b_copied && !p.a_copied;
+    // A: a row block and the padding its last segment's GEMM reads past it.
+    p.a_tile_elems = (p.base_m + p.row_granule) * s.k;
+    p.b_tile_elems = p.b_copied ? p.base_n * s.k : 0;
+  } else {
+    p.units = s.g * p.row_blocks * p.col_blocks;
+    p.a_copied = p.b_copied = true;
+    p.column_block_first = false;
+    p.a_tile_elems = s.m == 0 ? 0 : p.base_m * p.reduce;
+    p.b_tile_elems = s.m == 0 ? 0 : p.base_n * p.reduce;
+  }
+  p.machine_threads = std::max<int32_t>(machine.threads, 1);
+  p.threads = static_cast<int32_t>(std::clamp<int64_t>(machine.threads, 1, std::max<int64_t>(p.units, 1)));
+  p.gemm_scratchpad_bytes = AlignUp(machine.gemm_scratchpad_bytes, kGroupedMatmulAlignment);
+
+  const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
+  const uint64_t c_tile = AlignUp(Bytes(p.base_m * p.base_n, 4), kGroupedMatmulAlignment);
+  const uint64_t a_tile = AlignUp(Bytes(p.a_tile_elems, gemm_elem), kGroupedMatmulAlignment);
+  const uint64_t b_tile = AlignUp(Bytes(p.b_tile_elems, gemm_elem), kGroupedMatmulAlignment);
+  p.thread_bytes = c_tile + a_tile + b_tile + p.gemm_scratchpad_bytes;
+  const uint64_t threads = static_cast<uint64_t>(p.threads);
+  LayoutBuilder b;
+  GroupedMatmulLayout& l = p.layout;
+  l.c_tiles = b.Add(threads * c_tile);
+  l.a_tiles = b.Add(threads * a_tile);
+  l.b_tiles = b.Add(threads * b_tile);
+  l.system = b.Add(threads * p.gemm_scratchpad_bytes);
+  l.group_offsets = b.Add(Bytes(s.g + 1, 8));
+  l.row_token = b.Add(s.gather_fused ? Bytes(s.m, 8) : 0);
+  l.end = b.end();
+  p.workspace_bytes = l.end + kGroupedMatmulAlignment;
+  return p;
+}
+
+std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
+  const auto region = [](const GroupedMatmulRegion& r) {
+    return fmt::format("{{\"offset\": {}, \"bytes\": {}}}", r.offset, r.bytes);
+  };
+  const GroupedMatmulShape& s = p.shape;
+  const GroupedMatmulLayout& l = p.layout;
+  const bool forward = s.op == GroupedMatmulOp::kForward;
+  std::string impls;
+  for (const auto& [width, impl] : p.gemm_impls) {
+    impls += fmt::format("{}\"{}\": \"{}\"", impls.empty() ? "" : ", ", width, impl);
+  }
+  std::string routing = "\"x\": \"expanded\"";
+  if (s.gather_fused) {
+    routing = fmt::format("\"x\": \"tokens\", \"batch\": {}, \"topK\": {}, \"L\": {}, "
+                          "\"row_idx_type\": \"{}\", \"index_dtype\": \"{}\"",
+                          s.routing.batch, s.routing.top_k, s.routing.l,
+                          RowIdxTypeName(s.routing.row_idx_type), DTypeName(s.routing.index_dtype));
+  }
+  const int64_t max_units = p.units == 0 ? 0 : CeilDiv(p.units, p.threads);
+  return fmt::format(
+      "{{\"op\": \"{}\", \"dtype\": \"{}\", \"out_dtype\": \"{}\", \"gemm_dtype\": \"{}\", "
+      "\"gemm_backend\": \"{}\", \"gemm_impl\": {{{}}}, "
+      "\"shape\": {{\"M\": {}, \"K\": {}, \"N\": {}, \"G\": {}}}, {}, \"group_list_type\": \"{}\", "
+      "{}\"base_m\": {}, \"base_n\": {}, \"reduce\": {}, \"row_granule\": {}, "
+      "\"work_split\": {{\"row_blocks\": {}, \"last_block_rows\": {}, \"col_blocks\": {}, "
+      "\"last_block_cols\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_thread_max\": {}}}, "
+      "\"a_copied\": {}, \"b_copied\": {}, \"threads\": {}, \"machine_threads\": {}, "
+      "\"thread_bytes\": {}, \"workspace\": {{\"alignment\": {}, \"c_tiles\": {}, \"a_tiles\": {}, "
+      "\"b_tiles\": {}, \"system\": {}, \"group_offsets\": {}, \"row_token\": {}, \"end\": {}}}, "
+      "\"workspace_bytes\": {}}}",
+      forward ? "grouped_matmul" : "grouped_matmul_weight_grad", DTypeName(s.dtype),
+      DTypeName(s.out_dtype), DTypeName(p.gemm_dtype), p.gemm_backend, impls, s.m, s.k, s.n, s.g,
+      routing, GroupListTypeName(s.routing.group_list_type),
+      forward ? fmt::format("\"weight_layout\": \"{}\", ", s.weight_nk ? "GNK" : "GKN") : "",
+      p.base_m, p.base_n, p.reduce, p.row_granule, p.row_blocks, p.last_block_rows, p.col_blocks,
+      p.last_block_cols, p.units,
+      forward ? (p.column_block_first ? "column_block_first" : "row_block_first")
+              : "expert_k_block_n_block",
+      max_units, p.a_copied, p.b_copied, p.threads, p.machine_threads, p.thread_bytes,
+      kGroupedMatmulAlignment, region(l.c_tiles), region(l.a_tiles), region(l.b_tiles),
+      region(l.system), region(l.group_offsets), region(l.row_token), l.end, p.workspace_bytes);
+}
+
+}  // namespace gk

@@ -1,0 +1,110 @@
+// GroupedMatmul and GroupedMatmulWeightGrad plans (CPU tiling): plain data, computed once in phase
+// 1 from shapes only (never from index values, which may change between repeated runs).
+//
+// GroupedMatmul: y is cut into units of (block of base_m rows) x (block of base_n columns). A unit
+// owns its y elements: for each expert whose rows meet the row block (a segment, in ascending
+// expert order) one tile GEMM over the whole K,
+//   C[rows, cols] = x(rows)[:, 0:K] * W[g][0:K, cols]                       (float32)
+// then rounds C into y. A is x's rows read in place (plain float32 / bfloat16 x) or the row
+// block gathered into the thread's A tile once (gather-fused: the token rows; float16: converted);
+// B is the weight block read in place ([G, N, K] storage, float32 / bfloat16) or copied into the
+// thread's B tile ([G, K, N] storage: transposed; float16: converted). When only B is copied,
+// units run column block first, so a thread copies each (expert, column block) once for all the
+// row blocks it runs in a row; otherwise row block first, so a gathered A serves every column
+// block.
+//
+// GroupedMatmulWeightGrad: gradWeight is cut into units of (expert g) x (block of base_m of K) x
+// (block of base_n of N). A unit sums its expert's rows in chunks of base_r rows, ascending (the
+// first chunk writes, the rest add), each chunk one GEMM of transposed copies:
+//   C[k, n] (+)= sum over the chunk's rows i of x(i)[k] * gradY[i, n]        (float32)
+// (zero-padded past the expert's last row), then rounds C into gradWeight; an expert without
+// rows gets zeros.
+//
+// Determinism by construction: units, segments, chunks and GEMM shapes depend on the problem only,
+// each GEMM runs single-threaded, and every output element is written by one unit. Threads only
+// decide which units run where: thread t runs the t-th of `threads` equal contiguous ranges.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/dtype.h"
+#include "ops/grouped_matmul/grouped_matmul_def.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
+
+namespace gk {
+
+inline constexpr int64_t kGroupedMatmulBaseM = 256;    // rows per tile GEMM (forward: of x)
+inline constexpr int64_t kGroupedMatmulBaseN = 256;    // output columns per tile
+inline constexpr int64_t kGroupedMatmulBaseR = 256;    // weight grad: rows reduced per GEMM call
+inline constexpr int64_t kGroupedMatmulRowGranule = 16;  // GEMM rows are padded to this
+inline constexpr uint64_t kGroupedMatmulAlignment = 512;  // every workspace region starts aligned
+
+struct GroupedMatmulMachine {
+  int32_t threads;
+  uint64_t gemm_scratchpad_bytes;
+  std::string gemm_backend;
+  std::vector<std::pair<int64_t, std::string>> gemm_impls;  // per column width
+};
+
+struct GroupedMatmulRegion {
+  uint64_t offset;  // from the 512-byte aligned start of the workspace
+  uint64_t bytes;
+  bool operator==(const GroupedMatmulRegion&) const = default;
+};
+
+struct GroupedMatmulLayout {
+  GroupedMatmulRegion c_tiles;        // threads x [base_m, base_n] float32
+  GroupedMatmulRegion a_tiles;        // threads x A tile (gemm dtype), see a_tile_elems
+  GroupedMatmulRegion b_tiles;        // threads x B tile (gemm dtype), see b_tile_elems
+  GroupedMatmulRegion system;         // threads x the GEMM library's scratchpad
+  GroupedMatmulRegion group_offsets;  // G + 1 int64
+  GroupedMatmulRegion row_token;      // M int64, gather-fused only
+  uint64_t end;
+  bool operator==(const GroupedMatmulLayout&) const = default;
+};
+
+struct GroupedMatmulPlan {
+  GroupedMatmulShape shape;
+  DType gemm_dtype;  // float32 for float32 and float16 inputs, bfloat16 for bfloat16
+  std::string gemm_backend;
+  std::vector<std::pair<int64_t, std::string>> gemm_impls;
+  int64_t base_m;        // forward: x rows per row block; weight grad: K rows per block
+  int64_t base_n;        // output columns per block
+  int64_t reduce;        // the reduction of one GEMM call: forward K, weight grad base_r
+  int64_t row_granule;
+  int64_t row_blocks;    // forward: ceil(M / base_m); weight grad: ceil(K / base_m)
+  int64_t last_block_rows;
+  int64_t col_blocks;    // ceil(N / base_n)
+  int64_t last_block_cols;
+  int64_t units;         // forward: row_blocks * col_blocks; weight grad: G * that
+  bool column_block_first;  // forward: units ordered (column block, row block)
+  bool a_copied;         // forward: A always goes through the A tile (gather-fused or float16)
+  bool b_copied;         // forward: B always goes through the B tile ([G, K, N] or float16)
+  int64_t a_tile_elems;  // per thread
+  int64_t b_tile_elems;  // per thread
+  int32_t threads;       // at most one per unit
+  int32_t machine_threads;
+  uint64_t gemm_scratchpad_bytes;
+  uint64_t thread_bytes;
+  GroupedMatmulLayout layout;
+  uint64_t workspace_bytes;  // layout.end + kGroupedMatmulAlignment
+
+  // Units [UnitBegin(t), UnitBegin(t + 1)) run on thread t.
+  int64_t UnitBegin(int32_t t) const { return units * t / threads; }
+  bool operator==(const GroupedMatmulPlan&) const = default;
+};
+
+// The tile GEMM shapes of a problem (every call the plan makes), from the shape only.
+MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& shape);
+GroupedMatmulMachine DetectGroupedMatmulMachine(const GroupedMatmulShape& shape);
+// The same from a tile GEMM already made (phase 1 makes it once, for the executor).
+GroupedMatmulMachine GroupedMatmulMachineOf(const MoeTileGemm& gemm, const MoeTileGemmShape& shape,
+                                            int32_t threads);
+GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& shape,
+                                        const GroupedMatmulMachine& machine);
+std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& plan);
+
+}  // namespace gk

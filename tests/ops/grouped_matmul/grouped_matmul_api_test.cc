@@ -1,0 +1,317 @@
+// GroupedMatmul and GroupedMatmulWeightGrad through their C API: float64 references over a case
+// table (empty experts, one expert holding every row, skewed routing, topK 1..8, tile-edge
+// shapes) in every dtype, input form (plain, gather-fused by either index type), group-list form,
+// index width, weight form and output dtype; all forms of one input give identical bytes;
+// determinism across runs and thread counts.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "ops/grouped_matmul/grouped_matmul_plan.h"
+#include "tests/ops/grouped_matmul/grouped_matmul_test_util.h"
+
+namespace gk::testing {
+namespace {
+
+constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+
+// Shapes from the tiles: base_m = base_n = base_r = 256 and the row granule 16, each met, one
+// short and one past; plus the routing edge cases.
+const GmmCase kCases[] = {
+    {"single_row", 1, 1, 1, 8, 8},
+    {"one_expert_holds_every_row", 64, 2, 5, 24, 40, 1.0, 0.0, {1, 2, 3, 4}},
+    {"empty_experts", 30, 2, 6, 20, 12, 0.6, 0.0, {0, 2, 5}},
+    {"skewed", 300, 2, 8, 48, 33, 1.0, 0.9},
+    {"topk_8", 40, 8, 9, 17, 19, 0.9},
+    {"m_granule_edges", 17, 1, 1, 16, 16},  // M = 17: a full granule and one row
+    {"tiles_exact", 128, 2, 1, 256, 256},   // M = N = K = 256
+    {"tiles_plus_one", 257, 1, 1, 257, 257},
+    {"tiles_minus_one", 255, 1, 2, 255, 255},
+    {"two_row_blocks_many_experts", 260, 2, 7, 40, 300},
+    {"k_is_1", 50, 2, 3, 1, 20},
+    {"n_is_1", 50, 2, 3, 20, 1},
+    {"tail_rows_past_x", 5, 3, 4, 16, 24},  // segments whose padded GEMM would run past x
+};
+
+struct Form {
+  int64_t row_idx_type;  // -1 plain
+  gkGroupListType group_list_type;
+  DType index_dtype;
+};
+constexpr Form kForms[] = {{-1, GK_GROUP_LIST_COUNT, DType::kI64},
+                           {-1, GK_GROUP_LIST_CUMSUM, DType::kI32},
+                           {0, GK_GROUP_LIST_COUNT, DType::kI64},
+                           {0, GK_GROUP_LIST_CUMSUM, DType::kI32},
+                           {1, GK_GROUP_LIST_COUNT, DType::kI32},
+                           {1, GK_GROUP_LIST_CUMSUM, DType::kI64}};
+
+GmmOptions Options(const Form& f, bool out_f32) {
+  GmmOptions o;
+  o.row_idx_type = f.row_idx_type;
+  o.group_list_type = f.group_list_type;
+  o.index_dtype = f.index_dtype;
+  o.group_list_dtype = f.index_dtype;
+  o.out_f32 = out_f32;
+  return o;
+}
+
+std::string Describe(const GmmCase& c, DType dtype, GmmValues kind, const Form& f) {
+  return fmt::format("{} {} {} x {} groupList {} index {}", c.name, DTypeName(dtype),
+                     kind == GmmValues::kRandom ? "random" : "integers",
+                     f.row_idx_type < 0 ? "plain" : f.row_idx_type == 0 ? "gather" : "scatter",
+                     f.group_list_type == GK_GROUP_LIST_CUMSUM ? "cumsum" : "count",
+                     DTypeName(f.index_dtype));
+}
+
+// Every case, dtype, value kind and form, float32 output; all forms must give the same bytes.
+TEST(grouped_matmul_api, ForwardMatchesReferenceInEveryForm) {
+  for (const GmmCase& c : kCases) {
+    for (DType dtype : kDTypes) {
+      for (GmmValues kind : {GmmValues::kSmallIntegers, GmmValues::kRandom}) {
+        const GmmInputs in = MakeGmmInputs(c, dtype, kind);
+        const GroupedMatmulRef ref = ForwardRef(in);
+        std::vector<uint8_t> first;
+        for (const Form& f : kForms) {
+          const std::string what = Describe(c, dtype, kind, f);
+          SCOPED_TRACE(what);
+          const GmmOutput y = RunGroupedMatmul(in, Options(f, true));
+          EXPECT_TRUE(MatchesRef(ref, y, kind == GmmValues::kSmallIntegers, what));
+          if (first.empty()) first = y.bytes;
+          EXPECT_EQ(first, y.bytes);
+        }
+      }
+    }
+  }
+}
+
+TEST(grouped_matmul_api, WeightGradMatchesReferenceInEveryForm) {
+  for (const GmmCase& c : kCases) {
+    for (DType dtype : kDTypes) {
+      for (GmmValues kind : {GmmValues::kSmallIntegers, GmmValues::kRandom}) {
+        const GmmInputs in = MakeGmmInputs(c, dtype, kind);
+        const GroupedMatmulRef ref = WeightGradRef(in);
+        std::vector<uint8_t> first;
+        for (const Form& f : kForms) {
+          const std::string what = Describe(c, dtype, kind, f);
+          SCOPED_TRACE(what);
+          const GmmOutput dw = RunWeightGrad(in, Options(f, true));
+          EXPECT_TRUE(MatchesRef(ref, dw, kind == GmmValues::kSmallIntegers, what));
+          if (first.empty()) first = dw.bytes;
+          EXPECT_EQ(first, dw.bytes);
+        }
+      }
+    }
+  }
+}
+
+// The dtype output is the float32 output rounded once: bit for bit.
+TEST(grouped_matmul_api, DTypeOutputIsTheFloat32OutputRoundedOnce) {
+  const GmmCase cases[] = {{"rounding", 70, 3, 5, 300, 70, 0.9}, {"tails", 20, 2, 3, 33, 270}};
+  for (const GmmCase& c : cases) {
+    for (DType dtype : {DType::kF16, DType::kBF16}) {
+      SCOPED_TRACE(::testing::Message() << c.name << " " << DTypeName(dtype));
+      const GmmInputs in = MakeGmmInputs(c, dtype, GmmValues::kRandom);
+      for (const Form& f : {kForms[0], kForms[3]}) {
+        for (int op = 0; op < 2; ++op) {
+          const auto run = [&](bool out_f32) {
+            return op == 0 ? RunGroupedMatmul(in, Options(f, out_f32))
+                           : RunWeightGrad(in, Options(f, out_f32));
+          };
+          const GmmOutput wide = run(true), narrow = run(false);
+          ASSERT_EQ(narrow.dtype, dtype);
+          ASSERT_EQ(wide.elems(), narrow.elems());
+          int64_t mismatches = 0;
+          for (int64_t i = 0; i < wide.elems(); ++i) {
+            uint16_t expected_bits;
+            const float v = static_cast<float>(wide.At(i));
+            expected_bits = dtype == DType::kF16 ? F16FromF32(v) : Bf16FromF32(v);
+            uint16_t got_bits;
+            std::memcpy(&got_bits, narrow.bytes.data() + 2 * i, 2);
+            mismatches += got_bits != expected_bits;
+          }
+          EXPECT_EQ(mismatches, 0) << (op == 0 ? "forward" : "weight grad");
+        }
+      }
+    }
+  }
+}
+
+// The four weight forms are the same weights: the same bits out.
+TEST(grouped_matmul_api, EveryWeightFormGivesTheSameBytes) {
+  const GmmCase cases[] = {kCases[3], kCases[7], kCases[9], kCases[10], kCases[11], kCases[12]};
+  for (const GmmCase& c : cases) {
+    for (DType dtype : kDTypes) {
+      const GmmInputs in = MakeGmmInputs(c, dtype, GmmValues::kRandom);
+      const GroupedMatmulRef ref = ForwardRef(in);
+      for (int64_t row_idx_type : {-1, 1}) {
+        std::vector<uint8_t> first;
+        for (WeightForm form : {WeightForm::kGkn, WeightForm::kGknViewOfGnk, WeightForm::kGnk,
+                                WeightForm::kGnkViewOfGkn}) {
+          SCOPED_TRACE(::testing::Message() << c.name << " " << DTypeName(dtype) << " form "
+                                            << static_cast<int>(form) << " rowIdxType "
+                                            << row_idx_type);
+          GmmOptions o;
+          o.row_idx_type = row_idx_type;
+          o.weight_form = form;
+          const GmmOutput y = RunGroupedMatmul(in, o);
+          EXPECT_TRUE(MatchesRef(ref, y, false, c.name, 3));
+          if (first.empty()) first = y.bytes;
+          EXPECT_EQ(first, y.bytes);
+        }
+      }
+    }
+  }
+}
+
+// topK 1..8, some slots dropped, gather-fused by both index types.
+TEST(grouped_matmul_api, TopKOneToEight) {
+  for (int64_t top_k = 1; top_k <= 8; ++top_k) {
+    const GmmCase c{"topk", 37, top_k, 6, 40, 36, 0.85, 0.0, {}, static_cast<uint64_t>(top_k)};
+    const GmmInputs in = MakeGmmInputs(c, DType::kBF16, GmmValues::kSmallIntegers);
+    for (int64_t row_idx_type : {0, 1}) {
+      SCOPED_TRACE(::testing::Message() << "topK " << top_k << " rowIdxType " << row_idx_type);
+      GmmOptions o;
+      o.row_idx_type = row_idx_type;
+      EXPECT_TRUE(MatchesRef(ForwardRef(in), RunGroupedMatmul(in, o), true, "forward"));
+      EXPECT_TRUE(MatchesRef(WeightGradRef(in), RunWeightGrad(in, o), true, "weight grad"));
+    }
+  }
+}
+
+// An expert with exactly the chunk's rows, one less, one more, two chunks and a tail: the weight
+// gradient's reduction chunks (first writes, the rest add).
+TEST(grouped_matmul_api, WeightGradReductionChunks) {
+  for (int64_t rows : {255, 256, 257, 512, 700}) {
+    const GmmCase c{"chunks", rows, 1, 1, 24, 20};
+    for (DType dtype : kDTypes) {
+      SCOPED_TRACE(::testing::Message() << rows << " rows " << DTypeName(dtype));
+      const GmmInputs in = MakeGmmInputs(c, dtype, GmmValues::kRandom);
+      EXPECT_TRUE(MatchesRef(WeightGradRef(in), RunWeightGrad(in), false, "weight grad"));
+    }
+  }
+}
+
+// Every slot dropped: y is empty; every gradWeight element is +0.
+TEST(grouped_matmul_api, NoRowsAtAll) {
+  GmmCase c{"no_rows", 8, 2, 3, 16, 12};
+  c.keep = 0.0;
+  const GmmInputs in = MakeGmmInputs(c, DType::kF32, GmmValues::kRandom);
+  ASSERT_EQ(in.m(), 0);
+  for (int64_t row_idx_type : {-1, 0, 1}) {
+    GmmOptions o;
+    o.row_idx_type = row_idx_type;
+    EXPECT_TRUE(RunGroupedMatmul(in, o).bytes.empty());
+    for (bool out_f32 : {true, false}) {
+      o.out_f32 = out_f32;
+      const GmmOutput dw = RunWeightGrad(in, o);
+      for (uint8_t byte : dw.bytes) ASSERT_EQ(byte, 0);
+    }
+  }
+}
+
+// Empty experts' gradWeight slices are exactly +0, whatever the NaN the output held before.
+TEST(grouped_matmul_api, EmptyExpertsGetZeroGradients) {
+  const GmmCase c{"empty", 50, 2, 6, 30, 20, 1.0, 0.0, {1, 4}};
+  for (DType dtype : kDTypes) {
+    const GmmInputs in = MakeGmmInputs(c, dtype, GmmValues::kRandom);
+    for (bool out_f32 : {true, false}) {
+      GmmOptions o;
+      o.out_f32 = out_f32;
+      const GmmOutput dw = RunWeightGrad(in, o);
+      const int64_t slice = c.k * c.n * ElementBytes(dw.dtype);
+      for (int64_t e : {1, 4}) {
+        for (int64_t b = 0; b < slice; ++b) ASSERT_EQ(dw.bytes[e * slice + b], 0);
+      }
+    }
+  }
+}
+
+// Determinism: the same bytes on every run and for 1, 2, 3 and 4 threads, with random inputs.
+// The cases have many units, both unit orders of the forward pass, and several chunks.
+TEST(grouped_matmul_api, BitIdenticalAcrossRunsAndThreadCounts) {
+  const GmmCase cases[] = {{"many_units", 400, 3, 9, 100, 600, 0.9},
+                           {"long_experts", 900, 1, 3, 300, 70}};
+  for (const GmmCase& c : cases) {
+    for (DType dtype : kDTypes) {
+      const GmmInputs in = MakeGmmInputs(c, dtype, GmmValues::kRandom);
+      for (int64_t row_idx_type : {-1, 0}) {
+        for (int op = 0; op < 2; ++op) {
+          SCOPED_TRACE(::testing::Message() << c.name << " " << DTypeName(dtype) << " rowIdxType "
+                                            << row_idx_type << (op ? " weight grad" : " forward"));
+          GmmOptions o;
+          o.row_idx_type = row_idx_type;
+          const auto run = [&](int32_t threads) {
+            o.threads = threads;
+            return op == 0 ? RunGroupedMatmul(in, o) : RunWeightGrad(in, o);
+          };
+          const GmmOutput reference = run(1);
+          EXPECT_TRUE(MatchesRef(op == 0 ? ForwardRef(in) : WeightGradRef(in), reference, false,
+                                 c.name, 7));
+          for (int32_t threads : {1, 2, 3, 4}) {
+            for (int repeat = 0; repeat < 2; ++repeat) {
+              EXPECT_EQ(reference.bytes, run(threads).bytes)
+                  << threads << " threads, repeat " << repeat;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A repeatable executor runs again on changed data (same shapes) and gives the new answer.
+TEST(grouped_matmul_api, RepeatableExecutorSeesNewRouting) {
+  const GmmCase c{"repeat", 30, 2, 4, 24, 16};
+  GmmInputs in = MakeGmmInputs(c, DType::kF32, GmmValues::kSmallIntegers);
+  std::vector<float> y(static_cast<size_t>(in.m() * c.n));
+  TensorGuard x_t({c.batch, c.k}, in.dtype, in.tokens.data());
+  TensorGuard w_t({c.g, c.k, c.n}, in.dtype, in.w.data());
+  TensorGuard idx_t({in.m()}, DType::kI64, in.routing.gather_idx.data());
+  TensorGuard groups_t({c.g}, DType::kI64, in.routing.group_counts.data());
+  TensorGuard y_t({in.m(), c.n}, DType::kF32, y.data());
+  uint64_t size = 0;
+  gkOpExecutor* executor = nullptr;
+  ASSERT_EQ(gkGroupedMatmulGetWorkspaceSize(x_t.t, w_t.t, groups_t.t, GK_GROUP_LIST_COUNT, false,
+                                            idx_t.t, GK_ROW_IDX_GATHER, c.top_k, y_t.t, &size,
+                                            &executor),
+            GK_SUCCESS)
+      << gkGetRecentErrMsg();
+  ASSERT_EQ(gkSetExecutorRepeatable(executor), GK_SUCCESS);
+  std::vector<uint8_t> workspace(size);
+  const auto check = [&] {
+    GmmOutput out{DType::kF32, std::vector<uint8_t>(y.size() * 4)};
+    std::memcpy(out.bytes.data(), y.data(), out.bytes.size());
+    return MatchesRef(ForwardRef(in), out, true, "repeat");
+  };
+  ASSERT_EQ(gkGroupedMatmul(workspace.data(), size, executor, nullptr), GK_SUCCESS);
+  EXPECT_TRUE(check());
+  // Reverse the slot order of the rows (still a valid routing).
+  std::reverse(in.routing.gather_idx.begin(), in.routing.gather_idx.end());
+  for (int64_t i = 0; i < in.m(); ++i) in.routing.row_token[i] = in.routing.gather_idx[i] / c.top_k;
+  ASSERT_EQ(gkGroupedMatmul(workspace.data(), size, executor, nullptr), GK_SUCCESS);
+  EXPECT_TRUE(check());
+  // A duplicate slot now: refused in phase 2, y untouched.
+  const std::vector<float> before = y;
+  in.routing.gather_idx[1] = in.routing.gather_idx[0];
+  EXPECT_EQ(gkGroupedMatmul(workspace.data(), size, executor, nullptr), GK_ERROR_PARAM_INVALID);
+  EXPECT_NE(std::string(gkGetRecentErrMsg()).find("expandedRowIdx[1]"), std::string::npos)
+      << gkGetRecentErrMsg();
+  EXPECT_EQ(std::memcmp(before.data(), y.data(), y.size() * 4), 0);
+  gkDestroyExecutor(executor);
+}
+
+// A large case: many row blocks and column blocks, every 13th element checked.
+TEST(grouped_matmul_api, LargeCase) {
+  const GmmCase c{"large", kUnderSanitizer ? 256 : 1024, 4, 16, 512, 384, 0.95, 0.3};
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const GmmInputs in = MakeGmmInputs(c, dtype, GmmValues::kRandom);
+    GmmOptions o;
+    o.row_idx_type = 1;
+    EXPECT_TRUE(MatchesRef(ForwardRef(in), RunGroupedMatmul(in, o), false, "forward", 13));
+    EXPECT_TRUE(MatchesRef(WeightGradRef(in), RunWeightGrad(in, o), false, "weight grad", 13));
+  }
+}
+
+}  // namespace
+}  // namespace gk::testing
