@@ -1,0 +1,130 @@
+// GroupedMatmul(WeightGrad) plans: tiles from the shape, the unit order each input form selects,
+// the workspace layout, threads, and the JSON. No kernel runs here.
+#include <gtest/gtest.h>
+
+#include "ops/grouped_matmul/grouped_matmul_plan.h"
+
+namespace gk {
+namespace {
+
+GroupedMatmulShape Shape(GroupedMatmulOp op, int64_t m, int64_t k, int64_t n, int64_t g,
+                         DType dtype = DType::kF32) {
+  GroupedMatmulShape s{};
+  s.op = op;
+  s.m = m, s.k = k, s.n = n, s.g = g;
+  s.x_rows = m;
+  s.dtype = dtype;
+  s.out_dtype = DType::kF32;
+  s.routing.m = m, s.routing.g = g, s.routing.k = k, s.routing.n = n;
+  s.routing.batch = std::max<int64_t>(m, 1), s.routing.top_k = 1;
+  s.routing.dtype = dtype;
+  s.routing.index_dtype = DType::kI64;
+  return s;
+}
+
+GroupedMatmulMachine Machine(int32_t threads) { return {threads, 4096, "test", {}}; }
+
+TEST(grouped_matmul_plan, ForwardTilesFromTheShape) {
+  const auto p = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 1000, 300, 600, 8), Machine(4));
+  EXPECT_EQ(p.base_m, 256);
+  EXPECT_EQ(p.base_n, 256);
+  EXPECT_EQ(p.reduce, 300);  // the whole K in one call
+  EXPECT_EQ(p.row_blocks, 4);
+  EXPECT_EQ(p.last_block_rows, 1000 - 3 * 256);
+  EXPECT_EQ(p.col_blocks, 3);
+  EXPECT_EQ(p.last_block_cols, 600 - 2 * 256);
+  EXPECT_EQ(p.units, 12);
+  EXPECT_EQ(p.threads, 4);
+  EXPECT_EQ(p.UnitBegin(0), 0);
+  EXPECT_EQ(p.UnitBegin(4), 12);
+  // Small M: one granule-rounded tile.
+  const auto small = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 17, 8, 8, 2), Machine(4));
+  EXPECT_EQ(small.base_m, 32);
+  EXPECT_EQ(small.units, 1);
+  EXPECT_EQ(small.threads, 1);  // at most one thread per unit
+}
+
+// The unit order follows which operand is copied: a real path, selected per form.
+TEST(grouped_matmul_plan, UnitOrderFollowsTheCopiedOperand) {
+  auto s = Shape(GroupedMatmulOp::kForward, 1000, 64, 512, 4);
+  auto p = MakeGroupedMatmulPlan(s, Machine(2));  // [G, K, N] weights, plain float32 x
+  EXPECT_FALSE(p.a_copied);
+  EXPECT_TRUE(p.b_copied);
+  EXPECT_TRUE(p.column_block_first);
+  s.weight_nk = true;  // nn.Linear's layout: B read in place
+  p = MakeGroupedMatmulPlan(s, Machine(2));
+  EXPECT_FALSE(p.b_copied);
+  EXPECT_FALSE(p.column_block_first);
+  EXPECT_EQ(p.b_tile_elems, 0);
+  s.weight_nk = false;
+  s.gather_fused = true;  // A gathered: row block first, so each gathered block serves all columns
+  p = MakeGroupedMatmulPlan(s, Machine(2));
+  EXPECT_TRUE(p.a_copied);
+  EXPECT_FALSE(p.column_block_first);
+  EXPECT_EQ(p.layout.row_token.bytes, 1000u * 8);
+  s.gather_fused = false;
+  s.weight_nk = true;
+  s.dtype = DType::kF16;  // converted, both
+  p = MakeGroupedMatmulPlan(s, Machine(2));
+  EXPECT_TRUE(p.a_copied && p.b_copied);
+  EXPECT_EQ(p.gemm_dtype, DType::kF32);
+  s.dtype = DType::kBF16;
+  EXPECT_EQ(MakeGroupedMatmulPlan(s, Machine(2)).gemm_dtype, DType::kBF16);
+}
+
+TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
+  const auto p = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8), Machine(3));
+  EXPECT_EQ(p.base_m, 256);  // K rows per block
+  EXPECT_EQ(p.row_blocks, 2);
+  EXPECT_EQ(p.last_block_rows, 300 - 256);
+  EXPECT_EQ(p.col_blocks, 3);
+  EXPECT_EQ(p.reduce, 256);  // rows per reduction chunk
+  EXPECT_EQ(p.units, 8 * 2 * 3);  // shape-only: experts x K blocks x N blocks
+  const auto few = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 20, 8, 8, 1), Machine(3));
+  EXPECT_EQ(few.reduce, 32);
+  const MoeTileGemmShape gemm = GroupedMatmulTileGemmShape(Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8));
+  ASSERT_EQ(gemm.steps.size(), 2u);  // the first chunk writes, the rest add
+  EXPECT_FALSE(gemm.steps[0].accumulate);
+  EXPECT_TRUE(gemm.steps[1].accumulate);
+  EXPECT_EQ(gemm.widths, (std::vector<int64_t>{256, 600 - 512}));
+}
+
+// Plans depend on the shape and the machine only; workspace per thread, index tables per M and G.
+TEST(grouped_matmul_plan, WorkspaceScalesWithThreads) {
+  const auto s = Shape(GroupedMatmulOp::kForward, 4096, 512, 1024, 8);
+  const auto one = MakeGroupedMatmulPlan(s, Machine(1));
+  const auto many = MakeGroupedMatmulPlan(s, Machine(64));
+  EXPECT_EQ(one, MakeGroupedMatmulPlan(s, Machine(1)));
+  EXPECT_EQ(one.thread_bytes, many.thread_bytes);
+  EXPECT_EQ(many.threads, 64);
+  EXPECT_EQ(many.layout.c_tiles.bytes, 64 * one.layout.c_tiles.bytes);
+  EXPECT_EQ(many.layout.group_offsets.bytes, one.layout.group_offsets.bytes);
+  EXPECT_GE(many.workspace_bytes, 64 * one.thread_bytes);
+  for (const auto* p : {&one, &many}) {
+    const auto& l = p->layout;
+    for (const auto& r : {l.c_tiles, l.a_tiles, l.b_tiles, l.system, l.group_offsets, l.row_token}) {
+      EXPECT_EQ(r.offset % kGroupedMatmulAlignment, 0u);
+      EXPECT_LE(r.offset + r.bytes, l.end);
+    }
+  }
+}
+
+TEST(grouped_matmul_plan, Json) {
+  auto s = Shape(GroupedMatmulOp::kForward, 1000, 300, 600, 8, DType::kBF16);
+  s.gather_fused = true;
+  s.routing.batch = 500, s.routing.top_k = 2, s.routing.l = 1000;
+  const std::string json = GroupedMatmulPlanToJson(MakeGroupedMatmulPlan(s, Machine(4)));
+  for (const char* field : {"\"op\": \"grouped_matmul\"", "\"dtype\": \"bfloat16\"",
+                            "\"x\": \"tokens\"", "\"topK\": 2", "\"weight_layout\": \"GKN\"",
+                            "\"order\": \"row_block_first\"", "\"units\": 12", "\"workspace_bytes\""}) {
+    EXPECT_NE(json.find(field), std::string::npos) << field << " missing from " << json;
+  }
+  EXPECT_EQ(std::count(json.begin(), json.end(), '{'), std::count(json.begin(), json.end(), '}'));
+  const std::string wg = GroupedMatmulPlanToJson(
+      MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 100, 30, 60, 2), Machine(4)));
+  EXPECT_NE(wg.find("\"op\": \"grouped_matmul_weight_grad\""), std::string::npos) << wg;
+  EXPECT_EQ(wg.find("weight_layout"), std::string::npos) << wg;
+}
+
+}  // namespace
+}  // namespace gk
