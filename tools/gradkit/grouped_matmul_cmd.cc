@@ -6,7 +6,10 @@
 #include <memory>
 #include <optional>
 
+#include "bench/grouped_matmul_bench.h"
+#include "core/cpu_info.h"
 #include "gradkit/grouped_matmul.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 #include "ops/grouped_matmul/grouped_matmul_plan.h"
 #include "tools/gradkit/cli_util.h"
 #include "tools/gradkit/commands.h"
@@ -284,6 +287,69 @@ void AddPlanOptions(CLI::App& cmd, PlanOptions& o) {
   cmd.add_option("--threads", o.threads, "Threads to plan for (default: configured)");
 }
 
+struct BenchOptions {
+  bool weight_grad = false;
+  std::string preset, dtype;
+  int32_t threads = 0;
+  bool json = false;
+  double min_seconds = 0.5;
+};
+
+void RunBench(const BenchOptions& o) {
+  const std::optional<DType> dtype =
+      o.dtype.empty() ? std::nullopt : std::optional<DType>(ParseFloatDType(o.dtype, "--dtype"));
+  CheckThreadsOption(o.threads, "--threads");
+  if (!(o.min_seconds > 0.0 && o.min_seconds <= 3600.0)) {
+    throw CliError(fmt::format("--min-time is {}, it must be in (0, 3600] seconds", o.min_seconds));
+  }
+  const int32_t threads = o.threads > 0 ? o.threads : gkGetNumThreads();
+  const std::optional<std::string> preset =
+      o.preset.empty() ? std::nullopt : std::optional<std::string>(o.preset);
+  const auto cases = bench::MoeGradBenchCases(preset, dtype, threads);
+  if (preset && cases.empty()) {
+    throw CliError(fmt::format("--preset is '{}', it must be S1..S4", *preset));
+  }
+  if (!o.json) {
+    std::printf("%s on CPU (%s, %s), %d threads; GFLOP/s = 2 M N K per second; gathered: x read "
+                "from the token matrix through expandedRowIdx\n",
+                o.weight_grad ? "GroupedMatmulWeightGrad" : "GroupedMatmul", ChosenIsa().c_str(),
+                MoeGemmLibraryName().c_str(), threads);
+    std::printf("%-4s %-9s %6s %9s %9s %9s %9s %10s %11s\n", "", "dtype", "M", "plain", "gathered",
+                "dense", "vs dense", "gath/plain", "workspace");
+  }
+  for (const auto& c : cases) {
+    const auto r = bench::RunGroupedMatmulBenchCase(c, o.weight_grad, o.min_seconds);
+    if (o.json) {
+      std::printf("%s\n", bench::GroupedMatmulBenchJson(r).c_str());
+    } else {
+      std::printf("%-4s %-9s %6lld %9.1f %9.1f %9.1f %8.0f%% %9.0f%% %7.1f MiB\n", c.shape.c_str(),
+                  std::string(DTypeName(c.dtype)).c_str(), static_cast<long long>(r.m),
+                  r.plain_gflops, r.gathered_gflops, r.dense_gflops,
+                  100.0 * r.plain_gflops / r.dense_gflops,
+                  100.0 * r.gathered_gflops / r.plain_gflops, r.workspace_bytes / 1048576.0);
+    }
+    std::fflush(stdout);
+  }
+}
+
+void AddBenchCommand(CLI::App& bench, bool weight_grad) {
+  auto o = std::make_shared<BenchOptions>();
+  o->weight_grad = weight_grad;
+  auto* cmd = bench.add_subcommand(
+      weight_grad ? "grouped-matmul-weight-grad" : "grouped-matmul",
+      weight_grad ? "GroupedMatmulWeightGrad GFLOP/s, plain and gathered x, vs a dense GEMM"
+                  : "GroupedMatmul GFLOP/s, plain and gathered x, vs a dense GEMM");
+  cmd->add_option("--preset", o->preset,
+                  "Only this preset: S1..S4, the fused MoE backward's shapes (`gradkit bench "
+                  "moe-grad --help` lists them)");
+  cmd->add_option("--dtype", o->dtype, "Only this dtype (f32|f16|bf16)");
+  cmd->add_option("--threads", o->threads, "Threads, 0: GRADKIT_NUM_THREADS or all cores")
+      ->capture_default_str();
+  cmd->add_option("--min-time", o->min_seconds, "Seconds per case (default 0.5)");
+  cmd->add_flag("--json", o->json, "One JSON object per case and line");
+  cmd->callback([o] { RunBench(*o); });
+}
+
 }  // namespace
 
 void RegisterGroupedMatmulCommands(CommandSet& commands) {
@@ -332,6 +398,9 @@ void RegisterGroupedMatmulCommands(CommandSet& commands) {
                                                    "Print the GroupedMatmulWeightGrad plan as JSON");
   AddPlanOptions(*wg_plan_cmd, *wg_plan);
   wg_plan_cmd->callback([wg_plan] { PrintPlan(*wg_plan); });
+
+  AddBenchCommand(commands.bench, /*weight_grad=*/false);
+  AddBenchCommand(commands.bench, /*weight_grad=*/true);
 }
 
 }  // namespace gk::cli

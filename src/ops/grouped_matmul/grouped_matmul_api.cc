@@ -76,7 +76,7 @@ class GroupedMatmulExecutorBase : public gkOpExecutor {
     }
     const Tables tables{group_offsets, row_token};
     const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
-    const uint64_t c_tile = AlignUp(static_cast<uint64_t>(p.base_m * p.base_n) * 4, kGroupedMatmulAlignment);
+    const uint64_t c_tile = AlignUp(static_cast<uint64_t>(p.c_tile_elems) * 4, kGroupedMatmulAlignment);
     const uint64_t a_tile = AlignUp(static_cast<uint64_t>(p.a_tile_elems * gemm_elem), kGroupedMatmulAlignment);
     const uint64_t b_tile = AlignUp(static_cast<uint64_t>(p.b_tile_elems * gemm_elem), kGroupedMatmulAlignment);
     ParallelFor(p.threads, p.threads, [&](int64_t task) {
@@ -179,8 +179,8 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
                                  reinterpret_cast<float*>(slots.b_tile) + c * s.k, s.k);
             }
           } else {  // [K, N]: the block's columns become the B tile's rows
-            MoeTransposeWeightBlock(s.dtype, w + (g * s.k * s.n + n0) * elem, s.n, s.k, cols,
-                                    slots.b_tile, s.k);
+            GroupedMatmulTransposeBlock(s.dtype, w + (g * s.k * s.n + n0) * elem, s.n, s.k, cols,
+                                        slots.b_tile, s.k);
           }
           b_expert = g;
           b_col = col_block;
@@ -209,51 +209,73 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
                 ThreadSlots& slots) const override {
     const GroupedMatmulPlan& p = plan_;
     std::vector<const void*> rows(static_cast<size_t>(p.reduce));
-    const int64_t per_expert = p.row_blocks * p.col_blocks;
+    const int64_t per_expert = p.KGroups() * p.NGroups();
     for (int64_t u = begin; u < end; ++u) {
-      const int64_t g = u / per_expert;
-      const int64_t k_block = u % per_expert / p.col_blocks;
-      const int64_t col_block = u % p.col_blocks;
-      RunUnit(g, k_block, col_block, tables, slots, rows);
+      RunUnit(u / per_expert, u % per_expert / p.NGroups(), u % p.NGroups(), tables, slots, rows);
     }
   }
 
-  void RunUnit(int64_t g, int64_t k_block, int64_t col_block, const Tables& tables,
+  // Expert g's tiles of K blocks [k_group * k_group_blocks, ...) x column blocks
+  // [n_group * n_group_blocks, ...): C tile (kb, nb) of the group sits at
+  // ((kb - first kb) * n_group_blocks + (nb - first nb)) * base_m * base_n in the thread's C tiles.
+  void RunUnit(int64_t g, int64_t k_group, int64_t n_group, const Tables& tables,
                ThreadSlots& slots, std::vector<const void*>& rows) const {
     const GroupedMatmulPlan& p = plan_;
     const GroupedMatmulShape& s = p.shape;
     const int64_t elem = ElementBytes(s.dtype);
-    const int64_t k0 = k_block * p.base_m;
-    const int64_t k_rows = k_block == p.row_blocks - 1 ? p.last_block_rows : p.base_m;
-    const int64_t n0 = col_block * p.base_n;
-    const int64_t cols = BlockCols(col_block);
+    const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
+    const int64_t kb_begin = k_group * p.k_group_blocks;
+    const int64_t kb_end = std::min(p.row_blocks, kb_begin + p.k_group_blocks);
+    const int64_t nb_begin = n_group * p.n_group_blocks;
+    const int64_t nb_end = std::min(p.col_blocks, nb_begin + p.n_group_blocks);
+    const int64_t k0 = kb_begin * p.base_m, k1 = std::min(s.k, kb_end * p.base_m);
+    const int64_t n0 = nb_begin * p.base_n, n1 = std::min(s.n, nb_end * p.base_n);
+    const int64_t tile_elems = p.base_m * p.base_n;
+    const auto tile = [&](int64_t kb, int64_t nb) {
+      return slots.c_tile + ((kb - kb_begin) * p.n_group_blocks + (nb - nb_begin)) * tile_elems;
+    };
+    const auto k_rows = [&](int64_t kb) {
+      return kb == p.row_blocks - 1 ? p.last_block_rows : p.base_m;
+    };
     const int64_t begin = tables.group_offsets[g], end = tables.group_offsets[g + 1];
     if (begin == end) {
-      std::fill(slots.c_tile, slots.c_tile + k_rows * p.base_n, 0.0f);
-    } else {
-      const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
-      const int64_t padded = PaddedRows(k_rows);
-      for (int64_t c0 = begin; c0 < end; c0 += p.reduce) {
-        const int64_t chunk = std::min(p.reduce, end - c0);
-        // A = x's block of the chunk's rows, transposed: [k, row]; B = gradY's, [n, row].
-        for (int64_t r = 0; r < chunk; ++r) rows[r] = XRow(tables, c0 + r) + k0 * elem;
-        GroupedMatmulTransposeRows(s.dtype, rows.data(), chunk, k_rows, slots.a_tile, p.reduce);
-        if (padded > k_rows) {
-          std::memset(slots.a_tile + k_rows * p.reduce * gemm_elem, 0,
-                      static_cast<size_t>((padded - k_rows) * p.reduce * gemm_elem));
+      std::fill(slots.c_tile, slots.c_tile + (kb_end - kb_begin) * p.n_group_blocks * tile_elems,
+                0.0f);
+    }
+    const char* dy = Base(operand_);
+    for (int64_t c0 = begin; c0 < end; c0 += p.reduce) {
+      const int64_t chunk = std::min(p.reduce, end - c0);
+      // The chunk's x columns [k0, k1) and gradY columns [n0, n1), transposed once for the group:
+      // A = [k, row] (zero rows up to the last block's padding), B = [n, row].
+      for (int64_t r = 0; r < chunk; ++r) rows[r] = XRow(tables, c0 + r) + k0 * elem;
+      GroupedMatmulTransposeRows(s.dtype, rows.data(), chunk, k1 - k0, slots.a_tile, p.reduce);
+      const int64_t padded_end = (kb_end - 1 - kb_begin) * p.base_m + PaddedRows(k_rows(kb_end - 1));
+      if (padded_end > k1 - k0) {
+        std::memset(slots.a_tile + (k1 - k0) * p.reduce * gemm_elem, 0,
+                    static_cast<size_t>((padded_end - (k1 - k0)) * p.reduce * gemm_elem));
+      }
+      for (int64_t r = 0; r < chunk; ++r) rows[r] = dy + ((c0 + r) * s.n + n0) * elem;
+      GroupedMatmulTransposeRows(s.dtype, rows.data(), chunk, n1 - n0, slots.b_tile, p.reduce);
+      for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
+        const char* a = slots.a_tile + (kb - kb_begin) * p.base_m * p.reduce * gemm_elem;
+        for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
+          const char* b = slots.b_tile + (nb - nb_begin) * p.base_n * p.reduce * gemm_elem;
+          slots.gemm->Run(PaddedRows(k_rows(kb)), BlockCols(nb), p.reduce,
+                          /*accumulate=*/c0 > begin, a, b, tile(kb, nb));
         }
-        const char* dy = Base(operand_);
-        for (int64_t r = 0; r < chunk; ++r) rows[r] = dy + ((c0 + r) * s.n + n0) * elem;
-        GroupedMatmulTransposeRows(s.dtype, rows.data(), chunk, cols, slots.b_tile, p.reduce);
-        slots.gemm->Run(padded, cols, p.reduce, /*accumulate=*/c0 > begin, slots.a_tile,
-                        slots.b_tile, slots.c_tile);
       }
     }
     char* dw = Base(out_);
     const int64_t out_elem = ElementBytes(s.out_dtype);
-    for (int64_t kk = 0; kk < k_rows; ++kk) {
-      GroupedMatmulStoreRow(slots.c_tile + kk * p.base_n,
-                            dw + ((g * s.k + k0 + kk) * s.n + n0) * out_elem, s.out_dtype, cols);
+    for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
+      for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
+        const int64_t kk0 = kb * p.base_m, nn0 = nb * p.base_n;
+        for (int64_t kk = 0; kk < k_rows(kb); ++kk) {
+          GroupedMatmulStoreRow(tile(kb, nb) + kk * p.base_n,
+                                dw + ((g * s.k + kk0 + kk) * s.n + nn0) * out_elem, s.out_dtype,
+                                BlockCols(nb));
+        }
+      }
     }
   }
 };

@@ -38,6 +38,8 @@ struct Tiles {
   int64_t row_blocks, last_block_rows, col_blocks, last_block_cols;
 };
 
+bool ForwardCopiesB(const GroupedMatmulShape& s) { return !s.weight_nk || s.dtype == DType::kF16; }
+
 Tiles ChooseTiles(const GroupedMatmulShape& s) {
   Tiles t{};
   t.gemm_dtype = s.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
@@ -46,7 +48,16 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   // to the padding granule.
   const int64_t extent = forward ? std::max<int64_t>(s.m, 1) : s.k;
   t.base_m = std::min(kGroupedMatmulBaseM, RoundUp(extent, kGroupedMatmulRowGranule));
+  // Output columns: the widest multiple of 16 in [base_n / 2, base_n] that divides N, so that every
+  // block has one width (oneDNN runs a narrower tail block, whose C is not dense in the tile, on
+  // its slower gemm:jit); else base_n, with a tail.
   t.base_n = std::min(kGroupedMatmulBaseN, s.n);
+  for (int64_t width = kGroupedMatmulBaseN; width >= kGroupedMatmulBaseN / 2 && s.n > width; width -= 16) {
+    if (s.n % width == 0) {
+      t.base_n = width;
+      break;
+    }
+  }
   t.reduce = forward ? s.k
                      : std::min(kGroupedMatmulBaseR,
                                 RoundUp(std::max<int64_t>(s.m, 1), kGroupedMatmulRowGranule));
@@ -67,7 +78,9 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
   g.row_granule = kGroupedMatmulRowGranule;
   g.ldc = t.base_n;
   // Both operands dense in their reduction: forward A = x rows and B = [N, K] weight rows (in
-  // place or copied), lda = ldb = K; weight grad both transposed copies of base_r columns.
+  // place or copied), lda = ldb = K; weight grad both transposed copies of base_r columns. (A B
+  // with padded rows, which would spare the transposed copy its cache-set conflicts at
+  // power-of-two K, runs on oneDNN 2.6's gemm:jit instead of brgemm: measured slower.)
   g.lda = t.reduce;
   g.ldb = t.reduce;
   g.widths = {t.base_n};
@@ -108,26 +121,35 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
   p.col_blocks = t.col_blocks;
   p.last_block_cols = t.last_block_cols;
   if (forward) {
+    p.k_group_blocks = p.n_group_blocks = 1;
     p.units = s.m == 0 ? 0 : p.row_blocks * p.col_blocks;
     p.a_copied = s.gather_fused || s.dtype == DType::kF16;
-    p.b_copied = !s.weight_nk || s.dtype == DType::kF16;
-    p.column_block_first = p.b_copied && !p.a_copied;
+    p.b_copied = ForwardCopiesB(s);
+    // A copied B tile is worth more than a copied A tile: transposing a weight block costs more
+    // than gathering (or converting) x's rows, so it is the one kept across units.
+    p.column_block_first = p.b_copied;
+    p.c_tile_elems = p.base_m * p.base_n;
     // A: a row block and the padding its last segment's GEMM reads past it.
     p.a_tile_elems = (p.base_m + p.row_granule) * s.k;
     p.b_tile_elems = p.b_copied ? p.base_n * s.k : 0;
   } else {
-    p.units = s.g * p.row_blocks * p.col_blocks;
+    p.n_group_blocks = std::max<int64_t>(1, std::min(p.col_blocks, kGroupedMatmulGradGroupCols / p.base_n));
+    const int64_t group_cols = std::min(s.n, p.n_group_blocks * p.base_n);
+    p.k_group_blocks = std::clamp<int64_t>(kGroupedMatmulGradGroupElems / (p.base_m * group_cols), 1,
+                                           std::min(kGroupedMatmulGradGroupBlocks, p.row_blocks));
+    p.units = s.g * p.KGroups() * p.NGroups();
     p.a_copied = p.b_copied = true;
     p.column_block_first = false;
-    p.a_tile_elems = s.m == 0 ? 0 : p.base_m * p.reduce;
-    p.b_tile_elems = s.m == 0 ? 0 : p.base_n * p.reduce;
+    p.c_tile_elems = p.k_group_blocks * p.n_group_blocks * p.base_m * p.base_n;
+    p.a_tile_elems = s.m == 0 ? 0 : p.k_group_blocks * p.base_m * p.reduce;
+    p.b_tile_elems = s.m == 0 ? 0 : p.n_group_blocks * p.base_n * p.reduce;
   }
   p.machine_threads = std::max<int32_t>(machine.threads, 1);
   p.threads = static_cast<int32_t>(std::clamp<int64_t>(machine.threads, 1, std::max<int64_t>(p.units, 1)));
   p.gemm_scratchpad_bytes = AlignUp(machine.gemm_scratchpad_bytes, kGroupedMatmulAlignment);
 
   const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
-  const uint64_t c_tile = AlignUp(Bytes(p.base_m * p.base_n, 4), kGroupedMatmulAlignment);
+  const uint64_t c_tile = AlignUp(Bytes(p.c_tile_elems, 4), kGroupedMatmulAlignment);
   const uint64_t a_tile = AlignUp(Bytes(p.a_tile_elems, gemm_elem), kGroupedMatmulAlignment);
   const uint64_t b_tile = AlignUp(Bytes(p.b_tile_elems, gemm_elem), kGroupedMatmulAlignment);
   p.thread_bytes = c_tile + a_tile + b_tile + p.gemm_scratchpad_bytes;
@@ -170,7 +192,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       "\"shape\": {{\"M\": {}, \"K\": {}, \"N\": {}, \"G\": {}}}, {}, \"group_list_type\": \"{}\", "
       "{}\"base_m\": {}, \"base_n\": {}, \"reduce\": {}, \"row_granule\": {}, "
       "\"work_split\": {{\"row_blocks\": {}, \"last_block_rows\": {}, \"col_blocks\": {}, "
-      "\"last_block_cols\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_thread_max\": {}}}, "
+      "\"last_block_cols\": {}, \"k_group_blocks\": {}, \"n_group_blocks\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_thread_max\": {}}}, "
       "\"a_copied\": {}, \"b_copied\": {}, \"threads\": {}, \"machine_threads\": {}, "
       "\"thread_bytes\": {}, \"workspace\": {{\"alignment\": {}, \"c_tiles\": {}, \"a_tiles\": {}, "
       "\"b_tiles\": {}, \"system\": {}, \"group_offsets\": {}, \"row_token\": {}, \"end\": {}}}, "
@@ -180,9 +202,9 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       routing, GroupListTypeName(s.routing.group_list_type),
       forward ? fmt::format("\"weight_layout\": \"{}\", ", s.weight_nk ? "GNK" : "GKN") : "",
       p.base_m, p.base_n, p.reduce, p.row_granule, p.row_blocks, p.last_block_rows, p.col_blocks,
-      p.last_block_cols, p.units,
+      p.last_block_cols, p.k_group_blocks, p.n_group_blocks, p.units,
       forward ? (p.column_block_first ? "column_block_first" : "row_block_first")
-              : "expert_k_block_n_block",
+              : "expert_k_group_n_group",
       max_units, p.a_copied, p.b_copied, p.threads, p.machine_threads, p.thread_bytes,
       kGroupedMatmulAlignment, region(l.c_tiles), region(l.a_tiles), region(l.b_tiles),
       region(l.system), region(l.group_offsets), region(l.row_token), l.end, p.workspace_bytes);

@@ -8,17 +8,19 @@
 // then rounds C into y. A is x's rows read in place (plain float32 / bfloat16 x) or the row
 // block gathered into the thread's A tile once (gather-fused: the token rows; float16: converted);
 // B is the weight block read in place ([G, N, K] storage, float32 / bfloat16) or copied into the
-// thread's B tile ([G, K, N] storage: transposed; float16: converted). When only B is copied,
-// units run column block first, so a thread copies each (expert, column block) once for all the
-// row blocks it runs in a row; otherwise row block first, so a gathered A serves every column
-// block.
+// thread's B tile ([G, K, N] storage: transposed; float16: converted). When B is copied, units
+// run column block first, so a thread copies each (expert, column block) once for all the row
+// blocks it runs in a row (a gathered A is then gathered again per unit, which costs less than a
+// transposed B); otherwise row block first, so a gathered A serves every column block.
 //
-// GroupedMatmulWeightGrad: gradWeight is cut into units of (expert g) x (block of base_m of K) x
-// (block of base_n of N). A unit sums its expert's rows in chunks of base_r rows, ascending (the
-// first chunk writes, the rest add), each chunk one GEMM of transposed copies:
+// GroupedMatmulWeightGrad: gradWeight is cut into tiles of (expert g) x (block of base_m of K) x
+// (block of base_n of N). Each tile sums its expert's rows in chunks of base_r rows, ascending
+// (the first chunk writes, the rest add), each chunk one GEMM of transposed copies:
 //   C[k, n] (+)= sum over the chunk's rows i of x(i)[k] * gradY[i, n]        (float32)
-// (zero-padded past the expert's last row), then rounds C into gradWeight; an expert without
-// rows gets zeros.
+// (zero-padded past the expert's last row), then C is rounded into gradWeight; an expert without
+// rows gets zeros. A unit is a group of tiles of one expert, k_group_blocks x n_group_blocks of
+// them, run chunk by chunk: each chunk's x and gradY columns are transposed once for the whole
+// group (not once per tile), its float32 sums kept in the thread's C tiles between chunks.
 //
 // Determinism by construction: units, segments, chunks and GEMM shapes depend on the problem only,
 // each GEMM runs single-threaded, and every output element is written by one unit. Threads only
@@ -40,6 +42,11 @@ inline constexpr int64_t kGroupedMatmulBaseM = 256;    // rows per tile GEMM (fo
 inline constexpr int64_t kGroupedMatmulBaseN = 256;    // output columns per tile
 inline constexpr int64_t kGroupedMatmulBaseR = 256;    // weight grad: rows reduced per GEMM call
 inline constexpr int64_t kGroupedMatmulRowGranule = 16;  // GEMM rows are padded to this
+// Weight grad unit: at most this many K blocks, its columns at most kGroupedMatmulGradGroupCols,
+// and its float32 C tiles at most kGroupedMatmulGradGroupElems elements (4 MiB) per thread.
+inline constexpr int64_t kGroupedMatmulGradGroupBlocks = 4;
+inline constexpr int64_t kGroupedMatmulGradGroupCols = 2048;
+inline constexpr int64_t kGroupedMatmulGradGroupElems = int64_t{1} << 20;
 inline constexpr uint64_t kGroupedMatmulAlignment = 512;  // every workspace region starts aligned
 
 struct GroupedMatmulMachine {
@@ -79,10 +86,13 @@ struct GroupedMatmulPlan {
   int64_t last_block_rows;
   int64_t col_blocks;    // ceil(N / base_n)
   int64_t last_block_cols;
-  int64_t units;         // forward: row_blocks * col_blocks; weight grad: G * that
-  bool column_block_first;  // forward: units ordered (column block, row block)
+  int64_t k_group_blocks;  // weight grad: K blocks per unit (forward: 1)
+  int64_t n_group_blocks;  // weight grad: column blocks per unit (forward: 1)
+  int64_t units;         // forward: row_blocks * col_blocks; weight grad: G * k groups * n groups
+  bool column_block_first;  // forward: units ordered (column block, row block): when B is copied
   bool a_copied;         // forward: A always goes through the A tile (gather-fused or float16)
   bool b_copied;         // forward: B always goes through the B tile ([G, K, N] or float16)
+  int64_t c_tile_elems;  // per thread: float32 tiles of [base_m, base_n] (one, or a unit's)
   int64_t a_tile_elems;  // per thread
   int64_t b_tile_elems;  // per thread
   int32_t threads;       // at most one per unit
@@ -94,6 +104,8 @@ struct GroupedMatmulPlan {
 
   // Units [UnitBegin(t), UnitBegin(t + 1)) run on thread t.
   int64_t UnitBegin(int32_t t) const { return units * t / threads; }
+  int64_t KGroups() const { return (row_blocks + k_group_blocks - 1) / k_group_blocks; }
+  int64_t NGroups() const { return (col_blocks + n_group_blocks - 1) / n_group_blocks; }
   bool operator==(const GroupedMatmulPlan&) const = default;
 };
 

@@ -192,6 +192,22 @@ TEST(grouped_matmul_api, WeightGradReductionChunks) {
   }
 }
 
+// Weight grad units of several K groups and column groups: K 1100 = 5 blocks in groups of 2, 2, 1;
+// N 2100 = 9 blocks (the last 52 wide) in groups of 8, 1.
+TEST(grouped_matmul_api, WeightGradTileGroups) {
+  const GmmCase c{"groups", 60, 2, 3, 1100, 2100, 0.9};
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const GmmInputs in = MakeGmmInputs(c, dtype, GmmValues::kRandom);
+    const GmmOutput dw = RunWeightGrad(in);
+    EXPECT_TRUE(MatchesRef(WeightGradRef(in), dw, false, "weight grad", 5));
+    GmmOptions o;
+    o.row_idx_type = 1;
+    o.threads = 3;
+    EXPECT_EQ(dw.bytes, RunWeightGrad(in, o).bytes);
+  }
+}
+
 // Every slot dropped: y is empty; every gradWeight element is +0.
 TEST(grouped_matmul_api, NoRowsAtAll) {
   GmmCase c{"no_rows", 8, 2, 3, 16, 12};

@@ -57,10 +57,14 @@ TEST(grouped_matmul_plan, UnitOrderFollowsTheCopiedOperand) {
   EXPECT_FALSE(p.column_block_first);
   EXPECT_EQ(p.b_tile_elems, 0);
   s.weight_nk = false;
-  s.gather_fused = true;  // A gathered: row block first, so each gathered block serves all columns
+  s.gather_fused = true;  // A gathered, B transposed: the B tile is the one kept across units
   p = MakeGroupedMatmulPlan(s, Machine(2));
   EXPECT_TRUE(p.a_copied);
+  EXPECT_TRUE(p.column_block_first);
+  s.weight_nk = true;  // A gathered, B in place: row block first, one gather for every column block
+  p = MakeGroupedMatmulPlan(s, Machine(2));
   EXPECT_FALSE(p.column_block_first);
+  s.weight_nk = false;
   EXPECT_EQ(p.layout.row_token.bytes, 1000u * 8);
   s.gather_fused = false;
   s.weight_nk = true;
@@ -72,6 +76,19 @@ TEST(grouped_matmul_plan, UnitOrderFollowsTheCopiedOperand) {
   EXPECT_EQ(MakeGroupedMatmulPlan(s, Machine(2)).gemm_dtype, DType::kBF16);
 }
 
+// Column blocks of one width where N allows (N = 1408 = 8 x 176); else 256 and a tail.
+TEST(grouped_matmul_plan, ColumnBlocksDivideN) {
+  for (auto op : {GroupedMatmulOp::kForward, GroupedMatmulOp::kWeightGrad}) {
+    const auto p = MakeGroupedMatmulPlan(Shape(op, 4096, 2048, 1408, 8), Machine(2));
+    EXPECT_EQ(p.base_n, 176);
+    EXPECT_EQ(p.col_blocks, 8);
+    EXPECT_EQ(p.last_block_cols, 176);
+    EXPECT_EQ(MakeGroupedMatmulPlan(Shape(op, 4096, 2048, 768, 8), Machine(2)).base_n, 256);
+    EXPECT_EQ(MakeGroupedMatmulPlan(Shape(op, 4096, 2048, 100, 8), Machine(2)).base_n, 100);
+    EXPECT_EQ(MakeGroupedMatmulPlan(Shape(op, 4096, 2048, 257, 8), Machine(2)).last_block_cols, 1);
+  }
+}
+
 TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
   const auto p = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8), Machine(3));
   EXPECT_EQ(p.base_m, 256);  // K rows per block
@@ -79,7 +96,19 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
   EXPECT_EQ(p.last_block_rows, 300 - 256);
   EXPECT_EQ(p.col_blocks, 3);
   EXPECT_EQ(p.reduce, 256);  // rows per reduction chunk
-  EXPECT_EQ(p.units, 8 * 2 * 3);  // shape-only: experts x K blocks x N blocks
+  // Units: groups of tiles of one expert (here all 2 x 3 of them: 6 float32 tiles of 256 KiB).
+  EXPECT_EQ(p.k_group_blocks, 2);
+  EXPECT_EQ(p.n_group_blocks, 3);
+  EXPECT_EQ(p.units, 8);
+  EXPECT_EQ(p.c_tile_elems, 6 * 256 * 256);
+  // Wide: column groups of 2048, and the C tiles of a unit within 4 MiB.
+  const auto wide = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 5000, 2000, 5000, 3), Machine(3));
+  EXPECT_EQ(wide.n_group_blocks, 8);
+  EXPECT_EQ(wide.NGroups(), 3);
+  EXPECT_EQ(wide.k_group_blocks, 2);
+  EXPECT_EQ(wide.KGroups(), 4);
+  EXPECT_EQ(wide.units, 3 * 4 * 3);
+  EXPECT_LE(wide.c_tile_elems, kGroupedMatmulGradGroupElems);
   const auto few = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 20, 8, 8, 1), Machine(3));
   EXPECT_EQ(few.reduce, 32);
   const MoeTileGemmShape gemm = GroupedMatmulTileGemmShape(Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8));
@@ -116,7 +145,7 @@ TEST(grouped_matmul_plan, Json) {
   const std::string json = GroupedMatmulPlanToJson(MakeGroupedMatmulPlan(s, Machine(4)));
   for (const char* field : {"\"op\": \"grouped_matmul\"", "\"dtype\": \"bfloat16\"",
                             "\"x\": \"tokens\"", "\"topK\": 2", "\"weight_layout\": \"GKN\"",
-                            "\"order\": \"row_block_first\"", "\"units\": 12", "\"workspace_bytes\""}) {
+                            "\"order\": \"column_block_first\"", "\"units\": 12", "\"workspace_bytes\""}) {
     EXPECT_NE(json.find(field), std::string::npos) << field << " missing from " << json;
   }
   EXPECT_EQ(std::count(json.begin(), json.end(), '{'), std::count(json.begin(), json.end(), '}'));

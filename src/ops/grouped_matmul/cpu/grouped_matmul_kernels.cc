@@ -35,6 +35,112 @@ HWY_NOINLINE void StoreRowAs(const float* src, void* dst, DType dtype, int64_t n
   }
 }
 
+// dst[c * ld_dst + i] = row_at(i)[c] for i < rows, c < cols: float32 in 4 x 4 blocks
+// transposed in registers, 16-bit values in 8 x 8 blocks, 8 destination rows at a time (so that
+// the rows being written never crowd one cache set when ld_dst is a power of two); the edges
+// element by element.
+template <class RowAt>
+void TransposeF32(RowAt row_at, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
+  int64_t cols8 = 0, rows4 = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const hn::Full128<float> d;
+  cols8 = cols / 8 * 8;
+  rows4 = rows / 4 * 4;
+  for (int64_t c0 = 0; c0 < cols8; c0 += 8) {
+    for (int64_t i = 0; i < rows4; i += 4) {
+      const float* s0 = row_at(i) + c0;
+      const float* s1 = row_at(i + 1) + c0;
+      const float* s2 = row_at(i + 2) + c0;
+      const float* s3 = row_at(i + 3) + c0;
+      for (int64_t half = 0; half < 8; half += 4) {
+        const auto r0 = hn::LoadU(d, s0 + half), r1 = hn::LoadU(d, s1 + half);
+        const auto r2 = hn::LoadU(d, s2 + half), r3 = hn::LoadU(d, s3 + half);
+        const auto t0 = hn::InterleaveLower(d, r0, r1), t1 = hn::InterleaveUpper(d, r0, r1);
+        const auto t2 = hn::InterleaveLower(d, r2, r3), t3 = hn::InterleaveUpper(d, r2, r3);
+        float* o = dst + (c0 + half) * ld_dst + i;
+        hn::StoreU(hn::ConcatLowerLower(d, t2, t0), d, o);
+        hn::StoreU(hn::ConcatUpperUpper(d, t2, t0), d, o + ld_dst);
+        hn::StoreU(hn::ConcatLowerLower(d, t3, t1), d, o + 2 * ld_dst);
+        hn::StoreU(hn::ConcatUpperUpper(d, t3, t1), d, o + 3 * ld_dst);
+      }
+    }
+  }
+#endif
+  for (int64_t c = 0; c < cols; ++c) {
+    const int64_t first_row = c < cols8 ? rows4 : 0;  // the blocks above did the rest
+    for (int64_t i = first_row; i < rows; ++i) dst[c * ld_dst + i] = row_at(i)[c];
+  }
+}
+
+template <class RowAt>
+void Transpose16(RowAt row_at, int64_t rows, int64_t cols, uint16_t* dst, int64_t ld_dst) {
+  int64_t cols8 = 0, rows8 = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const hn::Full128<uint16_t> d16;
+  const hn::Full128<uint32_t> d32;
+  const hn::Full128<uint64_t> d64;
+  cols8 = cols / 8 * 8;
+  rows8 = rows / 8 * 8;
+  const auto il32 = [&](auto a, auto b) {
+    return hn::BitCast(d16, hn::InterleaveLower(d32, hn::BitCast(d32, a), hn::BitCast(d32, b)));
+  };
+  const auto iu32 = [&](auto a, auto b) {
+    return hn::BitCast(d16, hn::InterleaveUpper(d32, hn::BitCast(d32, a), hn::BitCast(d32, b)));
+  };
+  const auto il64 = [&](auto a, auto b) {
+    return hn::BitCast(d16, hn::InterleaveLower(d64, hn::BitCast(d64, a), hn::BitCast(d64, b)));
+  };
+  const auto iu64 = [&](auto a, auto b) {
+    return hn::BitCast(d16, hn::InterleaveUpper(d64, hn::BitCast(d64, a), hn::BitCast(d64, b)));
+  };
+  for (int64_t c0 = 0; c0 < cols8; c0 += 8) {
+    for (int64_t i = 0; i < rows8; i += 8) {
+      hn::Vec<decltype(d16)> r[8];
+      for (int q = 0; q < 8; ++q) r[q] = hn::LoadU(d16, row_at(i + q) + c0);
+      // rows pairwise (16-bit), then pairs of pairs (32-bit), then quads (64-bit): columns.
+      const auto a0 = hn::InterleaveLower(d16, r[0], r[1]), a1 = hn::InterleaveUpper(d16, r[0], r[1]);
+      const auto a2 = hn::InterleaveLower(d16, r[2], r[3]), a3 = hn::InterleaveUpper(d16, r[2], r[3]);
+      const auto a4 = hn::InterleaveLower(d16, r[4], r[5]), a5 = hn::InterleaveUpper(d16, r[4], r[5]);
+      const auto a6 = hn::InterleaveLower(d16, r[6], r[7]), a7 = hn::InterleaveUpper(d16, r[6], r[7]);
+      const auto b0 = il32(a0, a2), b1 = iu32(a0, a2), b2 = il32(a1, a3), b3 = iu32(a1, a3);
+      const auto b4 = il32(a4, a6), b5 = iu32(a4, a6), b6 = il32(a5, a7), b7 = iu32(a5, a7);
+      uint16_t* o = dst + c0 * ld_dst + i;
+      hn::StoreU(il64(b0, b4), d16, o);
+      hn::StoreU(iu64(b0, b4), d16, o + ld_dst);
+      hn::StoreU(il64(b1, b5), d16, o + 2 * ld_dst);
+      hn::StoreU(iu64(b1, b5), d16, o + 3 * ld_dst);
+      hn::StoreU(il64(b2, b6), d16, o + 4 * ld_dst);
+      hn::StoreU(iu64(b2, b6), d16, o + 5 * ld_dst);
+      hn::StoreU(il64(b3, b7), d16, o + 6 * ld_dst);
+      hn::StoreU(iu64(b3, b7), d16, o + 7 * ld_dst);
+    }
+  }
+#endif
+  for (int64_t c = 0; c < cols; ++c) {
+    const int64_t first_row = c < cols8 ? rows8 : 0;
+    for (int64_t i = first_row; i < rows; ++i) dst[c * ld_dst + i] = row_at(i)[c];
+  }
+}
+
+HWY_NOINLINE void TransposeBlockF32(const float* src, int64_t ld_src, int64_t reduce, int64_t cols,
+                                    float* dst, int64_t ld_dst) {
+  TransposeF32([&](int64_t i) { return src + i * ld_src; }, reduce, cols, dst, ld_dst);
+}
+HWY_NOINLINE void TransposeBlock16(const uint16_t* src, int64_t ld_src, int64_t reduce,
+                                   int64_t cols, uint16_t* dst, int64_t ld_dst) {
+  Transpose16([&](int64_t i) { return src + i * ld_src; }, reduce, cols, dst, ld_dst);
+}
+HWY_NOINLINE void TransposeRowsF32(const void* const* rows_src, int64_t rows, int64_t cols,
+                                   float* dst, int64_t ld_dst) {
+  TransposeF32([&](int64_t i) { return static_cast<const float*>(rows_src[i]); }, rows, cols, dst,
+               ld_dst);
+}
+HWY_NOINLINE void TransposeRows16(const void* const* rows_src, int64_t rows, int64_t cols,
+                                  uint16_t* dst, int64_t ld_dst) {
+  Transpose16([&](int64_t i) { return static_cast<const uint16_t*>(rows_src[i]); }, rows, cols,
+              dst, ld_dst);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace gk
 HWY_AFTER_NAMESPACE();
@@ -43,44 +149,61 @@ HWY_AFTER_NAMESPACE();
 namespace gk {
 
 HWY_EXPORT(StoreRowAs);
+HWY_EXPORT(TransposeBlockF32);
+HWY_EXPORT(TransposeBlock16);
+HWY_EXPORT(TransposeRowsF32);
+HWY_EXPORT(TransposeRows16);
 
 void GroupedMatmulStoreRow(const float* src, void* dst, DType dtype, int64_t n) {
   HWY_DYNAMIC_DISPATCH(StoreRowAs)(src, dst, dtype, n);
 }
 
 namespace {
-// Blocks of 16 rows x 16 columns, so that the rows read and the columns written stay in L1.
-template <class Out, class In, class Convert>
-void TransposeRows(const void* const* rows_src, int64_t rows, int64_t cols, Out* dst,
-                   int64_t ld_dst, Convert convert) {
-  constexpr int64_t kBlock = 16;
-  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
-    const int64_t r1 = std::min(rows, r0 + kBlock);
-    for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
-      const int64_t c1 = std::min(cols, c0 + kBlock);
-      for (int64_t r = r0; r < r1; ++r) {
-        const In* src = static_cast<const In*>(rows_src[r]);
-        for (int64_t c = c0; c < c1; ++c) dst[c * ld_dst + r] = convert(src[c]);
-      }
+// float16 -> float32 (exact), 8 destination rows at a time.
+template <class RowAt>
+void TransposeF16ToF32(RowAt row_at, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
+  constexpr int64_t kRows = 8;
+  for (int64_t c0 = 0; c0 < cols; c0 += kRows) {
+    const int64_t c1 = std::min(cols, c0 + kRows);
+    for (int64_t i = 0; i < rows; ++i) {
+      const uint16_t* s = row_at(i);
+      for (int64_t c = c0; c < c1; ++c) dst[c * ld_dst + i] = F32FromF16(s[c]);
     }
-  }
-  if (rows < ld_dst) {
-    for (int64_t c = 0; c < cols; ++c) std::fill(dst + c * ld_dst + rows, dst + (c + 1) * ld_dst, Out{});
   }
 }
 }  // namespace
 
+void GroupedMatmulTransposeBlock(DType src_dtype, const void* src, int64_t ld_src, int64_t reduce,
+                                 int64_t cols, void* dst, int64_t ld_dst) {
+  const auto* half = static_cast<const uint16_t*>(src);
+  if (src_dtype == DType::kF16) {
+    TransposeF16ToF32([&](int64_t i) { return half + i * ld_src; }, reduce, cols,
+                      static_cast<float*>(dst), ld_dst);
+  } else if (src_dtype == DType::kBF16) {
+    HWY_DYNAMIC_DISPATCH(TransposeBlock16)(half, ld_src, reduce, cols, static_cast<uint16_t*>(dst),
+                                           ld_dst);
+  } else {
+    HWY_DYNAMIC_DISPATCH(TransposeBlockF32)(static_cast<const float*>(src), ld_src, reduce, cols,
+                                            static_cast<float*>(dst), ld_dst);
+  }
+}
+
 void GroupedMatmulTransposeRows(DType src_dtype, const void* const* rows_src, int64_t rows,
                                 int64_t cols, void* dst, int64_t ld_dst) {
+  const int64_t elem = src_dtype == DType::kBF16 ? 2 : 4;  // of dst: float16 becomes float32
   if (src_dtype == DType::kF16) {
-    TransposeRows<float, uint16_t>(rows_src, rows, cols, static_cast<float*>(dst), ld_dst,
-                                   [](uint16_t h) { return F32FromF16(h); });
+    TransposeF16ToF32([&](int64_t i) { return static_cast<const uint16_t*>(rows_src[i]); }, rows,
+                      cols, static_cast<float*>(dst), ld_dst);
   } else if (src_dtype == DType::kBF16) {
-    TransposeRows<uint16_t, uint16_t>(rows_src, rows, cols, static_cast<uint16_t*>(dst), ld_dst,
-                                      [](uint16_t b) { return b; });
+    HWY_DYNAMIC_DISPATCH(TransposeRows16)(rows_src, rows, cols, static_cast<uint16_t*>(dst), ld_dst);
   } else {
-    TransposeRows<float, float>(rows_src, rows, cols, static_cast<float*>(dst), ld_dst,
-                                [](float f) { return f; });
+    HWY_DYNAMIC_DISPATCH(TransposeRowsF32)(rows_src, rows, cols, static_cast<float*>(dst), ld_dst);
+  }
+  if (rows < ld_dst) {  // the zero padding of a short chunk: +0.0 in every dtype
+    for (int64_t c = 0; c < cols; ++c) {
+      std::memset(static_cast<char*>(dst) + (c * ld_dst + rows) * elem, 0,
+                  static_cast<size_t>((ld_dst - rows) * elem));
+    }
   }
 }
 

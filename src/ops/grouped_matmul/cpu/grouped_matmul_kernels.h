@@ -13,6 +13,14 @@ namespace gk {
 // dst[j] = src[j] rounded once (to nearest even) to `dtype` (float32, float16, bfloat16), j < n.
 void GroupedMatmulStoreRow(const float* src, void* dst, DType dtype, int64_t n);
 
+// A block of a weight stored [K, N] (row stride ld_src) copied transposed into the B tile:
+// dst[c * ld_dst + i] = src[i * ld_src + c] for c < cols, i < reduce; float16 converted to float32
+// (exact), float32 and bfloat16 copied. The values of MoeTransposeWeightBlock (moe_grad_kernels.h),
+// faster where the destination rows are a power-of-two apart: float32 moves in 4 x 4 register
+// transposes, 8 destination rows at a time, so the rows being written never crowd one cache set.
+void GroupedMatmulTransposeBlock(DType src_dtype, const void* src, int64_t ld_src, int64_t reduce,
+                                 int64_t cols, void* dst, int64_t ld_dst);
+
 // The transposed gather of a weight-grad operand: for r < rows and c < cols,
 //   dst[c * ld_dst + r] = rows_src[r][c]       (float16 converted to float32; others copied)
 // and dst[c * ld_dst + r] = 0 for rows <= r < ld_dst (the zero padding of a short chunk).
