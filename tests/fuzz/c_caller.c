@@ -14,3 +14,23 @@ gkStatus gkFuzzMoeGradGetWorkspaceSize(const gkTensor* gradY, const gkTensor* we
       gradY, weight, expandedRowIdx, groupList, batch, topK, (gkRowIdxType)rowIdxType,
       (gkGroupListType)groupListType, gradX, workspaceSize, executor);
 }
+
+gkStatus gkFuzzGroupedMatmulGetWorkspaceSize(const gkTensor* x, const gkTensor* weight,
+                                             const gkTensor* groupList, int32_t groupListType,
+                                             bool transposeWeight, const gkTensor* expandedRowIdx,
+                                             int32_t rowIdxType, int64_t topK, gkTensor* y,
+                                             uint64_t* workspaceSize, gkOpExecutor** executor) {
+  return gkGroupedMatmulGetWorkspaceSize(x, weight, groupList, (gkGroupListType)groupListType,
+                                         transposeWeight, expandedRowIdx, (gkRowIdxType)rowIdxType,
+                                         topK, y, workspaceSize, executor);
+}
+
+gkStatus gkFuzzGroupedMatmulWeightGradGetWorkspaceSize(
+    const gkTensor* x, const gkTensor* gradY, const gkTensor* groupList, int32_t groupListType,
+    const gkTensor* expandedRowIdx, int32_t rowIdxType, int64_t topK, gkTensor* gradWeight,
+    uint64_t* workspaceSize, gkOpExecutor** executor) {
+  return gkGroupedMatmulWeightGradGetWorkspaceSize(x, gradY, groupList,
+                                                   (gkGroupListType)groupListType, expandedRowIdx,
+                                                   (gkRowIdxType)rowIdxType, topK, gradWeight,
+                                                   workspaceSize, executor);
+}

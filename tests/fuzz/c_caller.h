@@ -20,6 +20,17 @@ gkStatus gkFuzzMoeGradGetWorkspaceSize(const gkTensor* gradY, const gkTensor* we
                                        int32_t groupListType, gkTensor* gradX,
                                        uint64_t* workspaceSize, gkOpExecutor** executor);
 
+gkStatus gkFuzzGroupedMatmulGetWorkspaceSize(const gkTensor* x, const gkTensor* weight,
+                                             const gkTensor* groupList, int32_t groupListType,
+                                             bool transposeWeight, const gkTensor* expandedRowIdx,
+                                             int32_t rowIdxType, int64_t topK, gkTensor* y,
+                                             uint64_t* workspaceSize, gkOpExecutor** executor);
+
+gkStatus gkFuzzGroupedMatmulWeightGradGetWorkspaceSize(
+    const gkTensor* x, const gkTensor* gradY, const gkTensor* groupList, int32_t groupListType,
+    const gkTensor* expandedRowIdx, int32_t rowIdxType, int64_t topK, gkTensor* gradWeight,
+    uint64_t* workspaceSize, gkOpExecutor** executor);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,727 @@
+// Fuzz target: GroupedMatmul and GroupedMatmulWeightGrad's two-phase C APIs. From a valid call
+// (either operator; plain or gather-fused x with either rowIdxType; either groupListType; the
+// forward's weight in either layout, as transposeWeight says, or as the transposed view of the
+// other; float32 or dtype outputs) the input applies mutations: out-of-range, repeated and -1
+// indices, group lists that do not add up, wrong shapes, ranks, dtypes (invalid enum values
+// included), strides, offsets, NULL pointers, a hostile topK, the output overlapping an input;
+// then phase-2 misuse (short or NULL workspace, the other operator's phase 2, a second run, index
+// data changed before a repeated run).
+// Guarantees checked:
+//   - phase 1 succeeds exactly when the arguments meet the header's contract (an independent
+//     check here); a failure has a message, no executor, and leaves every buffer unchanged;
+//   - phase 2 writes nothing outside the output (ASan, exact buffers) and the output equals the
+//     float64 reference exactly (inputs are small integers: every sum is exact, also in 16 bits);
+//   - index data made invalid after phase 1 fails phase 2 with the output unchanged.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "gradkit/gradkit.h"
+#include "tests/fuzz/c_caller.h"
+#include "tests/fuzz/fuzz_support.h"
+
+namespace {
+
+using gk::DType;
+using gk::fuzz::ByteReader;
+using gk::fuzz::GuardedBuffer;
+
+constexpr int64_t kMaxBackedBytes = int64_t{1} << 14;
+constexpr int32_t kFloatDTypes[] = {GK_FLOAT, GK_FLOAT16, GK_BF16, GK_FLOAT, GK_FLOAT16, GK_BF16,
+                                    GK_INT32, GK_DOUBLE, -1,      1000};
+constexpr int32_t kAnyDTypes[] = {GK_INT64, GK_INT32, GK_FLOAT, GK_FLOAT16, GK_BF16, GK_DOUBLE, 2, -7};
+constexpr int64_t kIndexValues[] = {-1, -2, 0, 1, std::numeric_limits<int64_t>::min(),
+                                    std::numeric_limits<int64_t>::max(), int64_t{1} << 32,
+                                    (int64_t{1} << 31) - 1, -(int64_t{1} << 31)};
+
+int64_t BytesOf(int32_t dtype) {
+  return gk::IsKnownDType(dtype) ? gk::ElementBytes(static_cast<DType>(dtype)) : 4;
+}
+
+uint8_t* Offset(uint8_t* p, __int128 bytes) {
+  return reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes));
+}
+
+struct View {
+  bool present = true;
+  int32_t dtype = GK_FLOAT;
+  int rank = 0;
+  int64_t dims[4] = {};
+  bool explicit_strides = false;
+  int64_t strides[4] = {};
+  int64_t offset = 0;
+  int buffer = -1;
+  uint8_t* data = nullptr;
+  bool backed = false;
+  gkTensor* tensor = nullptr;
+
+  int64_t Stride(int d) const {
+    if (explicit_strides) return strides[d];
+    uint64_t stride = 1;
+    for (int e = rank - 1; e > d; --e) stride *= static_cast<uint64_t>(std::max<int64_t>(dims[e], 1));
+    return static_cast<int64_t>(stride);
+  }
+  __int128 Count() const {
+    __int128 n = 1;
+    for (int d = 0; d < rank; ++d) {
+      if (dims[d] <= 0) return 0;
+      constexpr __int128 kHuge = static_cast<__int128>(1) << 70;
+      n = n > kHuge / dims[d] ? kHuge : std::min<__int128>(n * dims[d], kHuge);
+    }
+    return n;
+  }
+  // [low, high] addressed element offsets; false when empty.
+  bool Extent(__int128* low, __int128* high) const {
+    if (Count() == 0) return false;
+    constexpr __int128 kHuge = static_cast<__int128>(1) << 70;
+    __int128 lo = offset, hi = offset;
+    for (int d = 0; d < rank; ++d) {
+      const __int128 span = std::clamp(static_cast<__int128>(dims[d] - 1) * Stride(d), -kHuge, kHuge);
+      (span < 0 ? lo : hi) += span;
+    }
+    *low = lo;
+    *high = hi;
+    return true;
+  }
+  // The header's "addressable": element offsets times the element size fit in int64, and the
+  // bytes lie inside the 64-bit address space.
+  bool Addressable() const {
+    __int128 low, high;
+    if (!Extent(&low, &high)) return true;
+    const __int128 max = std::numeric_limits<int64_t>::max(), min = std::numeric_limits<int64_t>::min();
+    const __int128 first = low * BytesOf(dtype), end = (high + 1) * BytesOf(dtype);
+    if (first < min || first > max || end < min || end > max) return false;
+    const auto base = static_cast<__int128>(reinterpret_cast<uintptr_t>(data));
+    return base + first >= 0 && base + end <= static_cast<__int128>(UINTPTR_MAX);
+  }
+  bool Contiguous() const {
+    int64_t expected = 1;
+    for (int d = rank - 1; d >= 0; --d) {
+      if (dims[d] != 1 && Stride(d) != expected) return false;
+      expected = static_cast<int64_t>(static_cast<uint64_t>(expected) * static_cast<uint64_t>(dims[d]));
+    }
+    return true;
+  }
+  // Element i of a dense view (checked Contiguous and backed by the caller).
+  uint8_t* At(int64_t i) const {
+    return Offset(data, (static_cast<__int128>(offset) + i) * BytesOf(dtype));
+  }
+};
+
+enum Role { kX, kOperand, kRowIdx, kGroupList, kOut, kRoles };
+
+struct Call {
+  std::vector<std::unique_ptr<GuardedBuffer>> buffers;
+  GuardedBuffer dangling{0};
+  View views[kRoles];
+  bool weight_grad = false;
+  bool gather_fused = false;  // expandedRowIdx passed (views[kRowIdx].present)
+  bool transpose_weight = false;
+  int64_t top_k = 1;
+  int32_t row_idx_type = 0, group_list_type = 0;  // the C enums: any int
+  bool exact_values = true;
+};
+
+GK_FUZZ_NO_COVERAGE void Back(Call& call, View& v, bool null_data) {
+  if (null_data) {
+    v.data = nullptr;
+    v.backed = v.Count() == 0;
+    return;
+  }
+  __int128 low, high;
+  if (!v.Extent(&low, &high)) {
+    v.data = call.dangling.data();
+    v.backed = true;
+    return;
+  }
+  const __int128 bytes = (high - low + 1) * BytesOf(v.dtype);
+  if (bytes > kMaxBackedBytes) {
+    v.data = call.dangling.data();
+    v.backed = false;
+    return;
+  }
+  call.buffers.push_back(std::make_unique<GuardedBuffer>(static_cast<size_t>(bytes)));
+  v.buffer = static_cast<int>(call.buffers.size()) - 1;
+  v.data = Offset(call.buffers.back()->data(), -low * BytesOf(v.dtype));
+  v.backed = true;
+}
+
+// The output placed on an input's buffer (shifted): must be refused, and must never be written.
+void Share(Call& call, View& v, const View& owner, int64_t shift_bytes) {
+  v.buffer = owner.buffer;
+  v.backed = false;
+  v.data = owner.buffer < 0 ? owner.data : Offset(owner.data, shift_bytes);
+  __int128 low, high;
+  if (owner.buffer < 0 || !v.Extent(&low, &high)) return;
+  const GuardedBuffer& b = *call.buffers[v.buffer];
+  const auto start = static_cast<__int128>(static_cast<intptr_t>(
+      reinterpret_cast<uintptr_t>(v.data) - reinterpret_cast<uintptr_t>(b.data())));
+  v.backed = start + low * BytesOf(v.dtype) >= 0 &&
+             start + (high + 1) * BytesOf(v.dtype) <= static_cast<__int128>(b.size());
+}
+
+int64_t IndexAt(const View& v, int64_t i) {
+  if (v.dtype == GK_INT32) {
+    int32_t value;
+    std::memcpy(&value, v.At(i), 4);
+    return value;
+  }
+  int64_t value;
+  std::memcpy(&value, v.At(i), 8);
+  return value;
+}
+
+bool IsFloat(int32_t dtype) { return dtype == GK_FLOAT || dtype == GK_FLOAT16 || dtype == GK_BF16; }
+bool IsIndex(int32_t dtype) { return dtype == GK_INT64 || dtype == GK_INT32; }
+
+// The weight's dims as W[g] = [K, N] and whether its storage is [G, N, K]; false unless the view
+// is C-contiguous or the transposed view of a C-contiguous buffer of the other layout.
+bool WeightLayout(const Call& c, int64_t* g, int64_t* k, int64_t* n) {
+  View w = c.views[kOperand];
+  *g = w.dims[0];
+  *k = c.transpose_weight ? w.dims[2] : w.dims[1];
+  *n = c.transpose_weight ? w.dims[1] : w.dims[2];
+  if (w.Contiguous()) return true;
+  View storage = w;
+  storage.explicit_strides = true;
+  for (int d = 0; d < 3; ++d) storage.strides[d] = w.Stride(d);
+  std::swap(storage.dims[1], storage.dims[2]);
+  std::swap(storage.strides[1], storage.strides[2]);
+  return storage.Contiguous();
+}
+
+// Element (g, k, n) of W[g] = [K, N], in elements from the weight view's data.
+int64_t WeightAt(const Call& c, int64_t g, int64_t k, int64_t n) {
+  const View& w = c.views[kOperand];
+  const int64_t i1 = c.transpose_weight ? n : k, i2 = c.transpose_weight ? k : n;
+  return g * w.Stride(0) + i1 * w.Stride(1) + i2 * w.Stride(2);
+}
+
+// The sizes of a call: M expanded rows, G, K, N, and the tokens (batch) of a gather-fused x.
+struct Sizes {
+  int64_t m, g, k, n, batch;
+};
+
+// With GK_FUZZ_DEBUG set, says which rule of the contract a call breaks.
+bool Refuse(int line) {
+  if (std::getenv("GK_FUZZ_DEBUG")) std::fprintf(stderr, "contract broken at line %d\n", line);
+  return false;
+}
+
+// The header's contract, checked independently of gradkit. Only called when every view is
+// backed. allow_repeated_slots: phase 2 re-checks ranges and totals, not repeated slots.
+GK_FUZZ_NO_COVERAGE bool MeetsContract(const Call& c, bool null_size, bool null_executor,
+                                       Sizes* sizes, bool allow_repeated_slots = false) {
+  if (null_size || null_executor) return Refuse(__LINE__);
+  for (int r = 0; r < kRoles; ++r) {
+    const View& v = c.views[r];
+    if (r == kRowIdx && !c.gather_fused) continue;
+    if (!v.present || v.tensor == nullptr) return Refuse(__LINE__);
+  }
+  const View& x = c.views[kX];
+  const View& op = c.views[kOperand];
+  const View& idx = c.views[kRowIdx];
+  const View& groups = c.views[kGroupList];
+  const View& out = c.views[kOut];
+  if (!IsFloat(x.dtype) || op.dtype != x.dtype || !IsIndex(groups.dtype)) return Refuse(__LINE__);
+  if (c.gather_fused && !IsIndex(idx.dtype)) return Refuse(__LINE__);
+  if (out.dtype != GK_FLOAT && out.dtype != x.dtype) return Refuse(__LINE__);
+  if (c.group_list_type != 0 && c.group_list_type != 1) return Refuse(__LINE__);
+  if (c.gather_fused && ((c.row_idx_type != 0 && c.row_idx_type != 1) || c.top_k < 1)) return Refuse(__LINE__);
+  if (x.rank != 2 || groups.rank != 1 || (c.gather_fused && idx.rank != 1)) return Refuse(__LINE__);
+  Sizes s{};
+  if (!c.weight_grad) {
+    if (op.rank != 3 || out.rank != 2) return Refuse(__LINE__);
+    if (!WeightLayout(c, &s.g, &s.k, &s.n)) return Refuse(__LINE__);
+    s.m = c.gather_fused ? out.dims[0] : x.dims[0];
+    if (out.dims[0] != s.m || out.dims[1] != s.n) return Refuse(__LINE__);
+  } else {
+    if (op.rank != 2 || out.rank != 3) return Refuse(__LINE__);
+    s.m = op.dims[0], s.n = op.dims[1], s.k = x.dims[1], s.g = out.dims[0];
+    if (!c.gather_fused && x.dims[0] != s.m) return Refuse(__LINE__);
+    if (out.dims[1] != s.k || out.dims[2] != s.n) return Refuse(__LINE__);
+  }
+  constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
+  if (s.g < 1 || s.k < 1 || s.n < 1 || s.g > kMaxDim || s.k > kMaxDim || s.n > kMaxDim) return Refuse(__LINE__);
+  if (x.dims[1] != s.k || groups.dims[0] != s.g || s.m < 0) return Refuse(__LINE__);
+  s.batch = x.dims[0];
+  int64_t slots = 0;
+  if (c.gather_fused) {
+    if (s.batch < 1 || __builtin_mul_overflow(s.batch, c.top_k, &slots) || s.m > slots) return Refuse(__LINE__);
+    if (c.row_idx_type == 0 ? idx.dims[0] < s.m : idx.dims[0] != slots) return Refuse(__LINE__);
+  }
+  for (int r = 0; r < kRoles; ++r) {
+    const View& v = c.views[r];
+    if (r == kRowIdx && !c.gather_fused) continue;
+    if ((v.Count() > 0 && v.data == nullptr) || !v.Addressable()) return Refuse(__LINE__);
+    if (!(r == kOperand && !c.weight_grad) && !v.Contiguous()) return Refuse(__LINE__);
+  }
+  // The output shares no byte with an input.
+  __int128 lo, hi;
+  if (out.Extent(&lo, &hi)) {
+    const auto out_first = reinterpret_cast<uintptr_t>(out.data) + static_cast<uintptr_t>(lo * BytesOf(out.dtype));
+    const auto out_last = reinterpret_cast<uintptr_t>(out.data) + static_cast<uintptr_t>((hi + 1) * BytesOf(out.dtype));
+    for (int r = 0; r < kOut; ++r) {
+      const View& v = c.views[r];
+      if ((r == kRowIdx && !c.gather_fused) || !v.Extent(&lo, &hi)) continue;
+      const auto first = reinterpret_cast<uintptr_t>(v.data) + static_cast<uintptr_t>(lo * BytesOf(v.dtype));
+      const auto last = reinterpret_cast<uintptr_t>(v.data) + static_cast<uintptr_t>((hi + 1) * BytesOf(v.dtype));
+      if (first < out_last && out_first < last) return Refuse(__LINE__);
+    }
+  }
+  int64_t total = 0;
+  for (int64_t e = 0; e < s.g; ++e) {
+    const int64_t value = IndexAt(groups, e);
+    if (c.group_list_type == 0) {
+      if (value < 0 || value > s.m - total) return Refuse(__LINE__);
+      total += value;
+    } else {
+      if (value < total || value > s.m) return Refuse(__LINE__);
+      total = value;
+    }
+  }
+  if (total != s.m) return Refuse(__LINE__);
+  if (c.gather_fused && c.row_idx_type == 0) {
+    std::vector<int64_t> named;
+    for (int64_t i = 0; i < s.m; ++i) {
+      const int64_t slot = IndexAt(idx, i);
+      if (slot < 0 || slot >= slots) return Refuse(__LINE__);
+      named.push_back(slot);
+    }
+    std::sort(named.begin(), named.end());
+    if (!allow_repeated_slots && std::adjacent_find(named.begin(), named.end()) != named.end()) {
+      return Refuse(__LINE__);
+    }
+  } else if (c.gather_fused) {
+    std::vector<bool> named(static_cast<size_t>(s.m));
+    int64_t count = 0;
+    for (int64_t p = 0; p < idx.dims[0]; ++p) {
+      const int64_t row = IndexAt(idx, p);
+      if (row == -1) continue;
+      if (row < 0 || row >= s.m || named[row]) return Refuse(__LINE__);
+      named[row] = true;
+      ++count;
+    }
+    if (count != s.m) return Refuse(__LINE__);
+  }
+  if (sizes != nullptr) *sizes = s;
+  return true;
+}
+
+// The output in float64 from the (current) inputs, for a call that meets the contract.
+GK_FUZZ_NO_COVERAGE std::vector<double> Reference(const Call& c, const Sizes& s) {
+  const View& x = c.views[kX];
+  const View& op = c.views[kOperand];
+  const View& idx = c.views[kRowIdx];
+  const View& groups = c.views[kGroupList];
+  std::vector<int64_t> x_row(static_cast<size_t>(s.m)), expert(static_cast<size_t>(s.m));
+  int64_t row = 0;
+  for (int64_t e = 0; e < s.g; ++e) {
+    const int64_t value = IndexAt(groups, e);
+    const int64_t end = c.group_list_type == 0 ? row + value : value;
+    for (; row < end; ++row) expert[row] = e;
+  }
+  for (int64_t i = 0; i < s.m; ++i) x_row[i] = i;
+  if (c.gather_fused && c.row_idx_type == 0) {
+    for (int64_t i = 0; i < s.m; ++i) x_row[i] = IndexAt(idx, i) / c.top_k;
+  } else if (c.gather_fused) {
+    for (int64_t p = 0; p < idx.dims[0]; ++p) {
+      const int64_t r = IndexAt(idx, p);
+      if (r >= 0) x_row[r] = p / c.top_k;
+    }
+  }
+  const auto dtype = static_cast<DType>(x.dtype);
+  const auto xv = [&](int64_t i, int64_t k) {
+    return static_cast<double>(gk::LoadAsF32(x.At(x_row[i] * s.k + k), 0, dtype));
+  };
+  std::vector<double> out;
+  if (!c.weight_grad) {
+    out.assign(static_cast<size_t>(s.m * s.n), 0.0);
+    for (int64_t i = 0; i < s.m; ++i) {
+      for (int64_t n = 0; n < s.n; ++n) {
+        for (int64_t k = 0; k < s.k; ++k) {
+          out[i * s.n + n] += xv(i, k) * gk::LoadAsF32(op.At(WeightAt(c, expert[i], k, n)), 0, dtype);
+        }
+      }
+    }
+  } else {
+    out.assign(static_cast<size_t>(s.g * s.k * s.n), 0.0);
+    for (int64_t i = 0; i < s.m; ++i) {
+      for (int64_t k = 0; k < s.k; ++k) {
+        for (int64_t n = 0; n < s.n; ++n) {
+          out[(expert[i] * s.k + k) * s.n + n] += xv(i, k) * gk::LoadAsF32(op.At(i * s.n + n), 0, dtype);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+GK_FUZZ_NO_COVERAGE std::vector<std::vector<uint8_t>> Snapshot(const Call& call) {
+  std::vector<std::vector<uint8_t>> out;
+  for (const auto& b : call.buffers) out.push_back(b->Snapshot());
+  return out;
+}
+
+GK_FUZZ_NO_COVERAGE void CheckUnchanged(const Call& call,
+                                        const std::vector<std::vector<uint8_t>>& before,
+                                        const char* when, int except_buffer = -1) {
+  for (size_t i = 0; i < call.buffers.size(); ++i) {
+    call.buffers[i]->CheckGuards(when);
+    if (static_cast<int>(i) == except_buffer) continue;
+    GK_FUZZ_CHECK(call.buffers[i]->Snapshot() == before[i], "%s: buffer %zu changed", when, i);
+  }
+}
+
+void CheckFailure(gkStatus status, const char* when) {
+  GK_FUZZ_CHECK(status != GK_SUCCESS, "%s: expected an error", when);
+  const std::string message = gkGetRecentErrMsg();
+  GK_FUZZ_CHECK(!message.empty(), "%s: status %d without a message", when, static_cast<int>(status));
+  GK_FUZZ_CHECK(message.find('\n') == std::string::npos, "%s: message spans lines", when);
+}
+
+GK_FUZZ_NO_COVERAGE void CheckResult(const Call& call) {
+  Sizes s{};
+  if (!call.exact_values || !MeetsContract(call, false, false, &s)) return;
+  const View& out = call.views[kOut];
+  const auto out_dtype = static_cast<DType>(out.dtype);
+  const std::vector<double> want = Reference(call, s);
+  for (size_t i = 0; i < want.size(); ++i) {
+    // Integer sums below 2^24 are exact in float32: the output is that value rounded once.
+    const double expected = gk::RoundToDType(static_cast<float>(want[i]), out_dtype);
+    const double got = gk::LoadAsF32(out.At(static_cast<int64_t>(i)), 0, out_dtype);
+    GK_FUZZ_CHECK(got == expected, "output[%zu] = %.9g, reference %.9g", i, got, expected);
+  }
+}
+
+struct Routing {
+  std::vector<int64_t> group_list;
+  std::vector<int64_t> row_idx;
+};
+
+// A valid routing for the sizes: rows spread over experts, slots (or rows) permuted.
+GK_FUZZ_NO_COVERAGE Routing MakeRouting(ByteReader& in, int64_t m, int64_t g, int64_t slots,
+                                        int64_t row_idx_type, int32_t group_list_type,
+                                        int64_t extra) {
+  Routing r;
+  uint64_t state = in.U64() | 1;
+  const auto next = [&] {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return state;
+  };
+  std::vector<int64_t> counts(static_cast<size_t>(g), 0);
+  for (int64_t i = 0; i < m; ++i) ++counts[next() % g];
+  int64_t running = 0;
+  for (int64_t e = 0; e < g; ++e) {
+    running += counts[e];
+    r.group_list.push_back(group_list_type == 1 ? running : counts[e]);
+  }
+  std::vector<int64_t> slot_of(static_cast<size_t>(slots));
+  for (int64_t p = 0; p < slots; ++p) slot_of[p] = p;
+  for (int64_t p = slots - 1; p > 0; --p) std::swap(slot_of[p], slot_of[next() % (p + 1)]);
+  if (row_idx_type == 1) {
+    r.row_idx.assign(static_cast<size_t>(slots), -1);
+    for (int64_t i = 0; i < m; ++i) r.row_idx[slot_of[i]] = i;
+  } else {
+    for (int64_t i = 0; i < m; ++i) r.row_idx.push_back(slot_of[i]);
+    for (int64_t i = 0; i < extra; ++i) r.row_idx.push_back(static_cast<int64_t>(next() % 7) - 3);
+  }
+  return r;
+}
+
+void Mutate(ByteReader& in, Call& call, Routing& r, int64_t slots, int64_t m) {
+  const int mutations = static_cast<int>(in.Range(0, 3));
+  for (int i = 0; i < mutations; ++i) {
+    const uint8_t kind = in.U8();
+    const auto pick = [&](const std::vector<int64_t>& v) {
+      return v.empty() ? 0 : static_cast<size_t>(in.Range(0, static_cast<int64_t>(v.size()) - 1));
+    };
+    switch (kind % 12) {
+      case 0: if (!r.group_list.empty()) r.group_list[pick(r.group_list)] = in.Range(-3, m + 3); break;
+      case 1: if (!r.group_list.empty()) r.group_list[pick(r.group_list)] = in.Pick(kIndexValues); break;
+      case 2: if (!r.row_idx.empty()) r.row_idx[pick(r.row_idx)] = in.Range(-2, slots + 2); break;
+      case 3: if (!r.row_idx.empty()) r.row_idx[pick(r.row_idx)] = in.Pick(kIndexValues); break;
+      case 4:  // a repeated entry
+        if (r.row_idx.size() > 1) r.row_idx[pick(r.row_idx)] = r.row_idx[pick(r.row_idx)];
+        break;
+      case 5: call.transpose_weight = !call.transpose_weight; break;
+      case 6: call.top_k = in.Bool() ? in.Range(-1, 4) : in.Pick(gk::fuzz::kHostileSizes); break;
+      case 7: call.gather_fused = !call.gather_fused; break;
+      case 8: {  // one dim of one tensor off by a little, or hostile
+        View& v = call.views[in.Range(0, kRoles - 1)];
+        if (v.rank > 0) {
+          int64_t& d = v.dims[in.Range(0, v.rank - 1)];
+          d = in.Bool() ? std::clamp<int64_t>(d, 0, 1 << 20) + in.Range(-1, 1)
+                        : in.Pick(gk::fuzz::kHostileSizes);
+        }
+        break;
+      }
+      case 9: {  // a rank off by one
+        View& v = call.views[in.Range(0, kRoles - 1)];
+        if (in.Bool() && v.rank < 4) {
+          v.dims[v.rank++] = 1;
+        } else if (v.rank > 0) {
+          --v.rank;
+        }
+        break;
+      }
+      case 10: {  // strides or an offset
+        View& v = call.views[in.Range(0, kRoles - 1)];
+        if (in.Bool()) {
+          v.offset = in.Bool() ? in.Range(0, 5) : in.Pick(gk::fuzz::kHostileSizes);
+        } else {
+          v.explicit_strides = true;
+          for (int d = 0; d < v.rank; ++d) {
+            v.strides[d] = in.Bool() ? in.Range(-2, 6) : in.Pick(gk::fuzz::kHostileSizes);
+          }
+        }
+        break;
+      }
+      default: {  // a dtype
+        View& v = call.views[in.Range(0, kRoles - 1)];
+        v.dtype = in.Pick(kAnyDTypes);
+        break;
+      }
+    }
+  }
+}
+
+GK_FUZZ_NO_COVERAGE void FillFloats(Call& call, uint64_t state) {
+  for (int r : {kX, kOperand, kOut}) {
+    View& v = call.views[r];
+    if (v.buffer < 0) continue;
+    GuardedBuffer& b = *call.buffers[v.buffer];
+    const int64_t elem = BytesOf(v.dtype);
+    for (size_t i = 0; i + elem <= b.size(); i += elem) {
+      state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+      if (!call.exact_values) {
+        std::memcpy(b.data() + i, &state, static_cast<size_t>(elem));
+      } else if (gk::IsKnownDType(v.dtype) && v.dtype != GK_INT32 && v.dtype != GK_INT64) {
+        gk::StoreFromF32(b.data() + i, 0, static_cast<DType>(v.dtype),
+                         r == kOut ? 12345.0f : static_cast<float>(state % 7) - 3.0f);
+      }
+    }
+  }
+}
+
+GK_FUZZ_NO_COVERAGE void FillIndex(Call& call, int role, const std::vector<int64_t>& values) {
+  View& v = call.views[role];
+  if (v.buffer < 0) return;
+  GuardedBuffer& b = *call.buffers[v.buffer];
+  const int64_t elem = BytesOf(v.dtype);
+  size_t at = 0;
+  for (size_t i = 0; i + elem <= b.size(); i += elem, ++at) {
+    const int64_t value = at < values.size() ? values[at] : 0;
+    if (elem == 4) {
+      const auto narrow = static_cast<int32_t>(value);
+      std::memcpy(b.data() + i, &narrow, 4);
+    } else {
+      std::memcpy(b.data() + i, &value, static_cast<size_t>(std::min<int64_t>(elem, 8)));
+    }
+  }
+}
+
+gkStatus RunPhase2(const Call& call, void* workspace, uint64_t size, gkOpExecutor* executor) {
+  return call.weight_grad ? gkGroupedMatmulWeightGrad(workspace, size, executor, nullptr)
+                          : gkGroupedMatmul(workspace, size, executor, nullptr);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  ByteReader in(data, size);
+  gkSetNumThreads(static_cast<int32_t>(in.Range(1, 3)));
+  Call call;
+  const uint8_t shape_bits = in.U8();
+  call.weight_grad = shape_bits & 1;
+  call.gather_fused = (shape_bits >> 1) & 1;
+  call.transpose_weight = (shape_bits >> 2) & 1;
+  const bool weight_view = ((shape_bits >> 3) & 3) == 3;  // the forward's transposed-view form
+  const bool out_in_dtype = (shape_bits >> 5) & 1;
+  const int64_t g = in.Range(1, 4), k = in.Range(1, 6), n = in.Range(1, 6);
+  const int64_t batch = in.Range(1, 5);
+  call.top_k = in.Range(1, 3);
+  const int64_t slots = batch * call.top_k;
+  const int64_t m = call.gather_fused ? in.Range(0, slots) : in.Range(0, 8);
+  const uint8_t types = in.U8();
+  call.row_idx_type = types < 240 ? (types & 1) : static_cast<int32_t>(in.Pick(kIndexValues));
+  call.group_list_type = types < 240 ? ((types >> 1) & 1) : static_cast<int32_t>(in.Pick(kIndexValues));
+  const int64_t extra = call.row_idx_type == 0 ? in.Range(0, 2) : 0;
+  Routing routing = MakeRouting(in, m, g, std::max(slots, m), call.row_idx_type,
+                                call.group_list_type, extra);
+
+  View& x = call.views[kX];
+  View& op = call.views[kOperand];
+  View& idx = call.views[kRowIdx];
+  View& groups = call.views[kGroupList];
+  View& out = call.views[kOut];
+  x.dtype = in.Pick(kFloatDTypes);
+  op.dtype = in.U8() < 240 ? x.dtype : in.Pick(kFloatDTypes);
+  idx.dtype = in.Bool() ? GK_INT32 : GK_INT64;
+  groups.dtype = in.Bool() ? GK_INT32 : GK_INT64;
+  out.dtype = out_in_dtype ? x.dtype : GK_FLOAT;
+  x.rank = 2, x.dims[0] = call.gather_fused ? batch : m, x.dims[1] = k;
+  if (call.weight_grad) {
+    op.rank = 2, op.dims[0] = m, op.dims[1] = n;
+    out.rank = 3, out.dims[0] = g, out.dims[1] = k, out.dims[2] = n;
+  } else {
+    op.rank = 3, op.dims[0] = g;
+    op.dims[1] = call.transpose_weight ? n : k;
+    op.dims[2] = call.transpose_weight ? k : n;
+    if (weight_view) {  // the same dims, read from the other layout's buffer
+      op.explicit_strides = true;
+      op.strides[0] = k * n, op.strides[1] = 1, op.strides[2] = op.dims[1];
+    }
+    out.rank = 2, out.dims[0] = m, out.dims[1] = n;
+  }
+  idx.rank = 1, idx.dims[0] = static_cast<int64_t>(routing.row_idx.size());
+  groups.rank = 1, groups.dims[0] = g;
+  Mutate(in, call, routing, slots, m);
+  idx.present = call.gather_fused;
+
+  // Memory. NULL data, the output overlapping an input, NULL descriptors.
+  const uint8_t memory = in.U8();
+  for (int r = 0; r < kRoles; ++r) {
+    if (r == kOut && memory >= 224) continue;
+    Back(call, call.views[r], memory >= 248 && (memory & 7) == r);
+  }
+  if (memory >= 224) Share(call, out, call.views[in.Range(0, kGroupList)], in.Range(-16, 16));
+  call.exact_values = in.U8() < 224;
+  FillFloats(call, in.U64() | 1);
+  FillIndex(call, kRowIdx, routing.row_idx);
+  FillIndex(call, kGroupList, routing.group_list);
+  const uint8_t nulls = in.U8();
+  for (int r = 0; r < kRoles; ++r) {
+    if (r != kRowIdx) call.views[r].present = !(nulls >= 240 && (nulls & 7) == r);
+  }
+  const bool null_size = nulls >= 240 && (nulls & 7) == 5;
+  const bool null_executor = nulls >= 240 && (nulls & 7) == 6;
+  const uint8_t phase2 = in.U8();
+  const int64_t workspace_shift = in.Range(0, 7);
+  const int64_t corrupt_at = in.Range(0, 63);
+  const int64_t corrupt_value = in.Bool() ? in.Range(-2, slots + 2) : in.Pick(kIndexValues);
+
+  // Phase 1 reads the index arrays (the contract says so): hostile index descriptors are fuzzed
+  // only where the bytes they claim exist.
+  for (int r : {kRowIdx, kGroupList}) {
+    const View& v = call.views[r];
+    if (v.present && v.data != nullptr && !v.backed) return 0;
+  }
+  for (View& v : call.views) {
+    if (!v.present) continue;
+    v.tensor = gkFuzzCreateTensor(v.dims, static_cast<uint64_t>(v.rank), v.dtype,
+                                  v.explicit_strides ? v.strides : nullptr, v.offset, v.data);
+  }
+  // A NULL expandedRowIdx (a descriptor gkCreateTensor refused) is a plain x: the call is that.
+  call.gather_fused = idx.tensor != nullptr;
+  const auto before = Snapshot(call);
+  uint64_t workspace_size = 12345;
+  gkOpExecutor* executor = reinterpret_cast<gkOpExecutor*>(&call);  // must be overwritten
+  const gkTensor* idx_tensor = call.gather_fused ? idx.tensor : nullptr;
+  const gkStatus status =
+      call.weight_grad
+          ? gkFuzzGroupedMatmulWeightGradGetWorkspaceSize(
+                x.tensor, op.tensor, groups.tensor, call.group_list_type, idx_tensor,
+                call.row_idx_type, call.top_k, out.tensor, null_size ? nullptr : &workspace_size,
+                null_executor ? nullptr : &executor)
+          : gkFuzzGroupedMatmulGetWorkspaceSize(
+                x.tensor, op.tensor, groups.tensor, call.group_list_type, call.transpose_weight,
+                idx_tensor, call.row_idx_type, call.top_k, out.tensor,
+                null_size ? nullptr : &workspace_size, null_executor ? nullptr : &executor);
+
+  bool all_backed = true;
+  for (int r = 0; r < kRoles; ++r) all_backed &= (r == kRowIdx && !call.gather_fused) || call.views[r].backed;
+  if (status != GK_SUCCESS) {
+    CheckFailure(status, "phase 1");
+    if (!null_executor) GK_FUZZ_CHECK(executor == nullptr, "phase 1 failed but left an executor");
+    CheckUnchanged(call, before, "failed phase 1");
+    if (all_backed) {
+      GK_FUZZ_CHECK(!MeetsContract(call, null_size, null_executor, nullptr),
+                    "phase 1 refused a call that meets the contract: %s", gkGetRecentErrMsg());
+    }
+  } else {
+    GK_FUZZ_CHECK(executor != nullptr, "phase 1 succeeded without an executor");
+    CheckUnchanged(call, before, "phase 1");
+    if (all_backed) {
+      GK_FUZZ_CHECK(MeetsContract(call, null_size, null_executor, nullptr),
+                    "phase 1 accepted a call that breaks the contract");
+    }
+  }
+  if (std::getenv("GK_FUZZ_DEBUG")) {
+    std::fprintf(stderr, "phase 1: %s%s\n", status == GK_SUCCESS ? "ok" : gkGetRecentErrMsg(),
+                 all_backed ? "" : " (unbacked)");
+  }
+  if (status == GK_SUCCESS && all_backed) {
+    GK_FUZZ_CHECK(workspace_size <= (uint64_t{1} << 28), "workspace of %llu bytes for a small call",
+                  static_cast<unsigned long long>(workspace_size));
+    GuardedBuffer workspace(static_cast<size_t>(workspace_size + workspace_shift));
+    void* ws = workspace.data() + workspace_shift;
+    CheckFailure(RunPhase2(call, ws, workspace_size, nullptr), "NULL executor");
+    switch (phase2 % 6) {
+      case 1:
+        if (workspace_size > 0) {
+          CheckFailure(RunPhase2(call, ws, workspace_size - 1, executor), "short workspace");
+          CheckUnchanged(call, before, "short workspace");
+        }
+        break;
+      case 2:
+        if (workspace_size > 0) {
+          CheckFailure(RunPhase2(call, nullptr, workspace_size, executor), "NULL workspace");
+          CheckUnchanged(call, before, "NULL workspace");
+        }
+        break;
+      case 3: {
+        Call other;
+        other.weight_grad = !call.weight_grad;
+        CheckFailure(RunPhase2(other, ws, workspace_size, executor),
+                     "executor given to the other operator");
+        CheckUnchanged(call, before, "executor given to the other operator");
+        break;
+      }
+      case 5:
+        GK_FUZZ_CHECK(gkSetExecutorRepeatable(executor) == GK_SUCCESS, "gkSetExecutorRepeatable");
+        break;
+      default:
+        break;
+    }
+    const gkStatus run = RunPhase2(call, ws, workspace_size, executor);
+    GK_FUZZ_CHECK(run == GK_SUCCESS, "phase 2 failed after phase 1 succeeded: %s",
+                  gkGetRecentErrMsg());
+    workspace.CheckGuards("workspace");
+    CheckUnchanged(call, before, "phase 2 (inputs)", out.buffer);
+    CheckResult(call);
+    const auto after = Snapshot(call);
+    if (phase2 % 6 == 4) {
+      CheckFailure(RunPhase2(call, ws, workspace_size, executor), "executor run twice");
+      CheckUnchanged(call, after, "executor run twice");
+    }
+    if (phase2 % 6 == 5) {
+      GK_FUZZ_CHECK(RunPhase2(call, ws, workspace_size, executor) == GK_SUCCESS, "repeated run");
+      CheckUnchanged(call, after, "repeated run");
+      const bool in_group_list = ((phase2 >> 3) & 1) || !call.gather_fused;
+      std::vector<int64_t>& values = in_group_list ? routing.group_list : routing.row_idx;
+      if (!values.empty()) {
+        values[static_cast<size_t>(corrupt_at) % values.size()] = corrupt_value;
+        FillIndex(call, in_group_list ? kGroupList : kRowIdx, values);
+        const auto changed = Snapshot(call);
+        const gkStatus rerun = RunPhase2(call, ws, workspace_size, executor);
+        if (rerun != GK_SUCCESS) {
+          CheckFailure(rerun, "run on changed index data");
+          CheckUnchanged(call, changed, "failed run on changed index data");
+        } else {
+          GK_FUZZ_CHECK(MeetsContract(call, false, false, nullptr, /*allow_repeated_slots=*/true),
+                        "phase 2 ran on index data that breaks the contract");
+          CheckResult(call);
+        }
+      }
+    }
+  }
+  if (status == GK_SUCCESS) gkDestroyExecutor(executor);
+  for (View& v : call.views) gkDestroyTensor(v.tensor);
+  return 0;
+}
