@@ -1,6 +1,7 @@
 // GroupedMatmul and GroupedMatmulWeightGrad two-phase C API: phase 1 checks (index values
 // included) and plans, phase 2 rebuilds the routing tables in the workspace and runs the tiles.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -36,6 +37,9 @@ struct ThreadSlots {
   char* a_tile;
   char* b_tile;
   MoeTileGemm::Worker* gemm;
+  // Forward: what the A and B tiles hold, kept across the thread's grabs of units.
+  int64_t a_block = -1;                 // the row block gathered in the A tile
+  int64_t b_expert = -1, b_col = -1;    // the weight block copied into the B tile
 };
 struct Tables {
   const int64_t* group_offsets;
@@ -79,6 +83,9 @@ class GroupedMatmulExecutorBase : public gkOpExecutor {
     const uint64_t c_tile = AlignUp(static_cast<uint64_t>(p.c_tile_elems) * 4, kGroupedMatmulAlignment);
     const uint64_t a_tile = AlignUp(static_cast<uint64_t>(p.a_tile_elems * gemm_elem), kGroupedMatmulAlignment);
     const uint64_t b_tile = AlignUp(static_cast<uint64_t>(p.b_tile_elems * gemm_elem), kGroupedMatmulAlignment);
+    // One task per thread slot (its share of the workspace); each takes grabs of consecutive
+    // units while any remain. Which slot runs a unit changes no output byte.
+    std::atomic<int64_t> next_grab{0};
     ParallelFor(p.threads, p.threads, [&](int64_t task) {
       const auto t = static_cast<uint64_t>(task);
       const GemmSequentialScope sequential;
@@ -87,8 +94,10 @@ class GroupedMatmulExecutorBase : public gkOpExecutor {
       ThreadSlots slots{reinterpret_cast<float*>(at(l.c_tiles) + t * c_tile),
                         l.a_tiles.bytes ? at(l.a_tiles) + t * a_tile : nullptr,
                         l.b_tiles.bytes ? at(l.b_tiles) + t * b_tile : nullptr, worker.get()};
-      RunUnits(p.UnitBegin(static_cast<int32_t>(task)), p.UnitBegin(static_cast<int32_t>(task) + 1),
-               tables, slots);
+      for (int64_t grab = next_grab.fetch_add(1); grab < p.Grabs(); grab = next_grab.fetch_add(1)) {
+        RunUnits(grab * p.units_per_grab, std::min(p.units, (grab + 1) * p.units_per_grab), tables,
+                 slots);
+      }
     });
     return GK_SUCCESS;
   }
@@ -123,17 +132,15 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
   void RunUnits(int64_t begin, int64_t end, const Tables& tables,
                 ThreadSlots& slots) const override {
     const GroupedMatmulPlan& p = plan_;
-    int64_t a_block = -1;            // the row block held in the A tile
-    int64_t b_expert = -1, b_col = -1;  // the weight block held in the B tile
     for (int64_t u = begin; u < end; ++u) {
       const int64_t row_block = p.column_block_first ? u % p.row_blocks : u / p.col_blocks;
       const int64_t col_block = p.column_block_first ? u / p.row_blocks : u % p.col_blocks;
-      RunUnit(row_block, col_block, tables, slots, a_block, b_expert, b_col);
+      RunUnit(row_block, col_block, tables, slots);
     }
   }
 
-  void RunUnit(int64_t row_block, int64_t col_block, const Tables& tables, ThreadSlots& slots,
-               int64_t& a_block, int64_t& b_expert, int64_t& b_col) const {
+  void RunUnit(int64_t row_block, int64_t col_block, const Tables& tables,
+               ThreadSlots& slots) const {
     const GroupedMatmulPlan& p = plan_;
     const GroupedMatmulShape& s = p.shape;
     const int64_t elem = ElementBytes(s.dtype);
@@ -147,7 +154,7 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
     // (Only the block's last segment can: the earlier ones end 16 rows or more before it.)
     const int64_t last_begin = std::max(r0, *(std::upper_bound(off, off + s.g + 1, r1 - 1) - 1));
     const bool in_place = !p.a_copied && last_begin + PaddedRows(r1 - last_begin) <= s.m;
-    if (!in_place && a_block != row_block) {
+    if (!in_place && slots.a_block != row_block) {
       for (int64_t i = r0; i < r1; ++i) {
         const char* src = XRow(tables, i);
         char* dst = slots.a_tile + (i - r0) * s.k * gemm_elem;
@@ -160,7 +167,7 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
       // The rows the last segment's padded GEMM reads past the block: zeros.
       std::memset(slots.a_tile + (r1 - r0) * s.k * gemm_elem, 0,
                   static_cast<size_t>(p.row_granule * s.k * gemm_elem));
-      a_block = row_block;
+      slots.a_block = row_block;
     }
     const char* w = Base(operand_);
     // The experts whose rows meet [r0, r1), ascending: the first is the one holding r0.
@@ -172,7 +179,7 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
       if (!p.b_copied) {
         b = w + (g * s.n + n0) * s.k * elem;  // [N, K] rows of expert g, read in place
       } else {
-        if (b_expert != g || b_col != col_block) {
+        if (slots.b_expert != g || slots.b_col != col_block) {
           if (s.weight_nk) {  // float16 [N, K] rows: converted
             for (int64_t c = 0; c < cols; ++c) {
               MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(w + (g * s.n + n0 + c) * s.k * elem),
@@ -182,8 +189,8 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
             GroupedMatmulTransposeBlock(s.dtype, w + (g * s.k * s.n + n0) * elem, s.n, s.k, cols,
                                         slots.b_tile, s.k);
           }
-          b_expert = g;
-          b_col = col_block;
+          slots.b_expert = g;
+          slots.b_col = col_block;
         }
         b = slots.b_tile;
       }

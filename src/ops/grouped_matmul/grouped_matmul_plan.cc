@@ -147,6 +147,9 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
   p.machine_threads = std::max<int32_t>(machine.threads, 1);
   p.threads = static_cast<int32_t>(std::clamp<int64_t>(machine.threads, 1, std::max<int64_t>(p.units, 1)));
   p.gemm_scratchpad_bytes = AlignUp(machine.gemm_scratchpad_bytes, kGroupedMatmulAlignment);
+  // About 8 grabs per thread: enough to even out uneven units, few enough that a thread's units
+  // are mostly consecutive (the forward keeps its B or A tile across them).
+  p.units_per_grab = std::max<int64_t>(1, p.units / (8 * static_cast<int64_t>(p.threads)));
 
   const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
   const uint64_t c_tile = AlignUp(Bytes(p.c_tile_elems, 4), kGroupedMatmulAlignment);
@@ -185,14 +188,13 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
                           s.routing.batch, s.routing.top_k, s.routing.l,
                           RowIdxTypeName(s.routing.row_idx_type), DTypeName(s.routing.index_dtype));
   }
-  const int64_t max_units = p.units == 0 ? 0 : CeilDiv(p.units, p.threads);
   return fmt::format(
       "{{\"op\": \"{}\", \"dtype\": \"{}\", \"out_dtype\": \"{}\", \"gemm_dtype\": \"{}\", "
       "\"gemm_backend\": \"{}\", \"gemm_impl\": {{{}}}, "
       "\"shape\": {{\"M\": {}, \"K\": {}, \"N\": {}, \"G\": {}}}, {}, \"group_list_type\": \"{}\", "
       "{}\"base_m\": {}, \"base_n\": {}, \"reduce\": {}, \"row_granule\": {}, "
       "\"work_split\": {{\"row_blocks\": {}, \"last_block_rows\": {}, \"col_blocks\": {}, "
-      "\"last_block_cols\": {}, \"k_group_blocks\": {}, \"n_group_blocks\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_thread_max\": {}}}, "
+      "\"last_block_cols\": {}, \"k_group_blocks\": {}, \"n_group_blocks\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_grab\": {}}}, "
       "\"a_copied\": {}, \"b_copied\": {}, \"threads\": {}, \"machine_threads\": {}, "
       "\"thread_bytes\": {}, \"workspace\": {{\"alignment\": {}, \"c_tiles\": {}, \"a_tiles\": {}, "
       "\"b_tiles\": {}, \"system\": {}, \"group_offsets\": {}, \"row_token\": {}, \"end\": {}}}, "
@@ -205,7 +207,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       p.last_block_cols, p.k_group_blocks, p.n_group_blocks, p.units,
       forward ? (p.column_block_first ? "column_block_first" : "row_block_first")
               : "expert_k_group_n_group",
-      max_units, p.a_copied, p.b_copied, p.threads, p.machine_threads, p.thread_bytes,
+      p.units_per_grab, p.a_copied, p.b_copied, p.threads, p.machine_threads, p.thread_bytes,
       kGroupedMatmulAlignment, region(l.c_tiles), region(l.a_tiles), region(l.b_tiles),
       region(l.system), region(l.group_offsets), region(l.row_token), l.end, p.workspace_bytes);
 }

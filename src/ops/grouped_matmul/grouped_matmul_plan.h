@@ -24,7 +24,9 @@
 //
 // Determinism by construction: units, segments, chunks and GEMM shapes depend on the problem only,
 // each GEMM runs single-threaded, and every output element is written by one unit. Threads only
-// decide which units run where: thread t runs the t-th of `threads` equal contiguous ranges.
+// decide which units run where: each takes the next units_per_grab consecutive units while any
+// remain (skewed routing makes some units far heavier than others; a static split would wait for
+// the thread that drew them).
 #pragma once
 
 #include <cstdint>
@@ -102,8 +104,8 @@ struct GroupedMatmulPlan {
   GroupedMatmulLayout layout;
   uint64_t workspace_bytes;  // layout.end + kGroupedMatmulAlignment
 
-  // Units [UnitBegin(t), UnitBegin(t + 1)) run on thread t.
-  int64_t UnitBegin(int32_t t) const { return units * t / threads; }
+  int64_t units_per_grab;  // consecutive units a thread takes at a time (keeps its copied tiles warm)
+  int64_t Grabs() const { return (units + units_per_grab - 1) / units_per_grab; }
   int64_t KGroups() const { return (row_blocks + k_group_blocks - 1) / k_group_blocks; }
   int64_t NGroups() const { return (col_blocks + n_group_blocks - 1) / n_group_blocks; }
   bool operator==(const GroupedMatmulPlan&) const = default;

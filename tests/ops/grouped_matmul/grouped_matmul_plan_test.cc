@@ -35,8 +35,9 @@ TEST(grouped_matmul_plan, ForwardTilesFromTheShape) {
   EXPECT_EQ(p.last_block_cols, 600 - 2 * 256);
   EXPECT_EQ(p.units, 12);
   EXPECT_EQ(p.threads, 4);
-  EXPECT_EQ(p.UnitBegin(0), 0);
-  EXPECT_EQ(p.UnitBegin(4), 12);
+  EXPECT_EQ(p.units_per_grab, 1);  // 12 units, 4 threads: one at a time
+  EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 100000, 300, 600, 8), Machine(4))
+                .units_per_grab, 391 * 3 / 32);
   // Small M: one granule-rounded tile.
   const auto small = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 17, 8, 8, 2), Machine(4));
   EXPECT_EQ(small.base_m, 32);
