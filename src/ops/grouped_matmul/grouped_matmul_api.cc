@@ -39,7 +39,8 @@ struct ThreadSlots {
   MoeTileGemm::Worker* gemm;
   // Forward: what the A and B tiles hold, kept across the thread's grabs of units.
   int64_t a_block = -1;                 // the row block gathered in the A tile
-  int64_t b_expert = -1, b_col = -1;    // the weight block copied into the B tile
+  int64_t b_expert = -1, b_col = -1;    // the weight block in the B tile, prepared
+  const void* b_ready = nullptr;        // that block as the GEMM takes it (Worker::PrepareB)
 };
 struct Tables {
   const int64_t* group_offsets;
@@ -175,11 +176,11 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
       const int64_t s0 = std::max(r0, off[g]);
       const int64_t s1 = std::min(r1, off[g + 1]);
       if (s0 >= s1) continue;
-      const void* b;
-      if (!p.b_copied) {
-        b = w + (g * s.n + n0) * s.k * elem;  // [N, K] rows of expert g, read in place
-      } else {
-        if (slots.b_expert != g || slots.b_col != col_block) {
+      // B of (expert g, column block): copied into the B tile when needed, then prepared (packed
+      // by the library) once for all the row blocks the thread runs in a row.
+      if (slots.b_expert != g || slots.b_col != col_block) {
+        const void* b = w + (g * s.n + n0) * s.k * elem;  // [N, K] rows of expert g, in place
+        if (p.b_copied) {
           if (s.weight_nk) {  // float16 [N, K] rows: converted
             for (int64_t c = 0; c < cols; ++c) {
               MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(w + (g * s.n + n0 + c) * s.k * elem),
@@ -189,11 +190,13 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
             GroupedMatmulTransposeBlock(s.dtype, w + (g * s.k * s.n + n0) * elem, s.n, s.k, cols,
                                         slots.b_tile, s.k);
           }
-          slots.b_expert = g;
-          slots.b_col = col_block;
+          b = slots.b_tile;
         }
-        b = slots.b_tile;
+        slots.b_ready = slots.gemm->PrepareB(cols, s.k, b);
+        slots.b_expert = g;
+        slots.b_col = col_block;
       }
+      const void* b = slots.b_ready;
       const void* a = in_place ? XRow(tables, s0) : slots.a_tile + (s0 - r0) * s.k * gemm_elem;
       slots.gemm->Run(PaddedRows(s1 - s0), cols, s.k, /*accumulate=*/false, a, b, slots.c_tile);
       char* y = Base(out_);
@@ -263,10 +266,12 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
       }
       for (int64_t r = 0; r < chunk; ++r) rows[r] = dy + ((c0 + r) * s.n + n0) * elem;
       GroupedMatmulTransposeRows(s.dtype, rows.data(), chunk, n1 - n0, slots.b_tile, p.reduce);
-      for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
-        const char* a = slots.a_tile + (kb - kb_begin) * p.base_m * p.reduce * gemm_elem;
-        for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
-          const char* b = slots.b_tile + (nb - nb_begin) * p.base_n * p.reduce * gemm_elem;
+      // Each column block's B prepared (packed by the library) once for the group's K blocks.
+      for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
+        const void* b = slots.gemm->PrepareB(
+            BlockCols(nb), p.reduce, slots.b_tile + (nb - nb_begin) * p.base_n * p.reduce * gemm_elem);
+        for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
+          const char* a = slots.a_tile + (kb - kb_begin) * p.base_m * p.reduce * gemm_elem;
           slots.gemm->Run(PaddedRows(k_rows(kb)), BlockCols(nb), p.reduce,
                           /*accumulate=*/c0 > begin, a, b, tile(kb, nb));
         }

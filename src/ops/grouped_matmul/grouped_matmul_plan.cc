@@ -87,6 +87,9 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
   if (t.last_block_cols != t.base_n) g.widths.push_back(t.last_block_cols);
   g.steps = {{t.reduce, false}};
   if (s.op == GroupedMatmulOp::kWeightGrad) g.steps.push_back({t.reduce, true});
+  // The executors prepare each B once for several calls: the forward per (expert, column block)
+  // for its row blocks, the weight grad per (chunk, column block) for its K blocks.
+  g.prepared_b = true;
   return g;
 }
 
