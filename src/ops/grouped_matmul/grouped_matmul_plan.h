@@ -8,7 +8,8 @@
 // then rounds C into y. A is x's rows read in place (plain float32 / bfloat16 x) or the row
 // block gathered into the thread's A tile once (gather-fused: the token rows; float16: converted);
 // B is the weight block read in place ([G, N, K] storage, float32 / bfloat16) or copied into the
-// thread's B tile ([G, K, N] storage: transposed; float16: converted). When B is copied, units
+// thread's B tile ([G, K, N] storage: transposed; float16: converted), then packed by the GEMM
+// library once (Worker::PrepareB) for as long as the thread's units use it. When B is copied, units
 // run column block first, so a thread copies each (expert, column block) once for all the row
 // blocks it runs in a row (a gathered A is then gathered again per unit, which costs less than a
 // transposed B); otherwise row block first, so a gathered A serves every column block.
@@ -20,7 +21,8 @@
 // (zero-padded past the expert's last row), then C is rounded into gradWeight; an expert without
 // rows gets zeros. A unit is a group of tiles of one expert, k_group_blocks x n_group_blocks of
 // them, run chunk by chunk: each chunk's x and gradY columns are transposed once for the whole
-// group (not once per tile), its float32 sums kept in the thread's C tiles between chunks.
+// group (not once per tile) and each column block's B packed once for the group's K blocks; the
+// float32 sums stay in the thread's C tiles between chunks.
 //
 // Determinism by construction: units, segments, chunks and GEMM shapes depend on the problem only,
 // each GEMM runs single-threaded, and every output element is written by one unit. Threads only
