@@ -209,4 +209,7 @@ def test_plans_print_json(cli):
     grad = json.loads(cli("plan", "grouped-matmul-weight-grad", "--row-idx-type", "1", "--dtype",
                           "bf16", "--threads", "64").stdout)
     assert grad["op"] == "grouped_matmul_weight_grad" and grad["x"] == "tokens"
-    assert grad["threads"] == 64 and grad["work_split"]["units"] == 8 * 8 * 6
+    split = grad["work_split"]
+    # 8 experts x K 2048 in groups of 2 blocks of 256 x N 1408 (8 blocks of 176) in one group
+    assert grad["threads"] == 32 and grad["machine_threads"] == 64  # at most one per unit
+    assert (split["k_group_blocks"], split["n_group_blocks"], split["units"]) == (2, 8, 8 * 4 * 1)
