@@ -310,17 +310,6 @@ gkStatus PlanGroupedMatmul(std::string_view api, const GroupedMatmulArgs& args,
   return GK_SUCCESS;
 }
 
-// A C caller may pass any int: the enums' bits are read, not their values (loading an enum
-// outside its range is undefined in C++; hence a reference, never a copy, of the parameter); the
-// checks then name the bad value.
-template <class Enum>
-int32_t EnumBits(const Enum& value) {
-  int32_t bits;
-  static_assert(sizeof bits == sizeof value);
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
-
 }  // namespace
 }  // namespace gk
 

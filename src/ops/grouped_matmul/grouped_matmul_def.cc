@@ -50,19 +50,9 @@ gkStatus CheckDTypes(std::string_view api, const GroupedMatmulArgs& a) {
 }
 
 gkStatus CheckAttributes(std::string_view api, const GroupedMatmulArgs& a) {
-  if (a.group_list_type != GK_GROUP_LIST_COUNT && a.group_list_type != GK_GROUP_LIST_CUMSUM) {
-    return Fail(GK_ERROR_PARAM_INVALID, api,
-                "groupListType is {}, it must be GK_GROUP_LIST_COUNT (0) or GK_GROUP_LIST_CUMSUM "
-                "(1)",
-                a.group_list_type);
-  }
+  GK_RETURN_IF_ERROR(CheckGroupListType(api, a.group_list_type));
   if (a.expanded_row_idx == nullptr) return GK_SUCCESS;  // plain x: rowIdxType, topK unused
-  if (a.row_idx_type != GK_ROW_IDX_GATHER && a.row_idx_type != GK_ROW_IDX_SCATTER) {
-    return Fail(GK_ERROR_PARAM_INVALID, api,
-                "rowIdxType is {}, it must be GK_ROW_IDX_GATHER (0: expanded -> original) or "
-                "GK_ROW_IDX_SCATTER (1: original -> expanded)",
-                a.row_idx_type);
-  }
+  GK_RETURN_IF_ERROR(CheckRowIdxType(api, a.row_idx_type));
   return CheckPositive(api, a.top_k, "topK");
 }
 
