@@ -1,5 +1,6 @@
 #include "bench/grouped_matmul_bench.h"
 
+#include <algorithm>
 #include <fmt/format.h>
 
 #include <cstring>

@@ -1,5 +1,6 @@
 // gradkit grouped-matmul | grouped-matmul-weight-grad, and their entries under `plan` (and
 // `bench`, in bench/grouped_matmul_bench.cc's terms).
+#include <algorithm>
 #include <fmt/format.h>
 
 #include <cstdio>

@@ -1,5 +1,6 @@
 #include "ops/grouped_matmul/grouped_matmul_def.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 

@@ -1,5 +1,6 @@
 // GroupedMatmul(WeightGrad) plans: tiles from the shape, the unit order each input form selects,
 // the workspace layout, threads, and the JSON. No kernel runs here.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include "ops/grouped_matmul/grouped_matmul_plan.h"

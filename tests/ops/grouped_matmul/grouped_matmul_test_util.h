@@ -3,6 +3,7 @@
 // input form, and the comparison with the float64 reference under grouped_matmul_ref.h's contract.
 #pragma once
 
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cmath>
