@@ -65,6 +65,13 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   t.last_block_rows = extent - (t.row_blocks - 1) * t.base_m;
   t.col_blocks = CeilDiv(s.n, t.base_n);
   t.last_block_cols = s.n - (t.col_blocks - 1) * t.base_n;
+  // A tail narrower than 16 columns is spread over the blocks instead: oneDNN 3.7's brgemm wrote
+  // a one-column C with a row stride past 1 (the tail of N = 257) as zeros (Debian 13 run).
+  if (t.col_blocks > 1 && t.last_block_cols < 16) {
+    t.base_n = RoundUp(CeilDiv(s.n, t.col_blocks), 16);
+    t.col_blocks = CeilDiv(s.n, t.base_n);
+    t.last_block_cols = s.n - (t.col_blocks - 1) * t.base_n;
+  }
   return t;
 }
 
