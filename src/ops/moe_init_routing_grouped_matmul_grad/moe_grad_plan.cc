@@ -156,6 +156,13 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape) {
   tiles.base_n = best->base_n;
   tiles.col_blocks = CeilDiv(shape.k, tiles.base_n);
   tiles.last_block_cols = shape.k - (tiles.col_blocks - 1) * tiles.base_n;
+  // A last column block narrower than 16 is spread over the blocks instead: oneDNN 3.7's brgemm
+  // got a one-column C with a row stride past 1 wrong (K = 257 on Debian 13: column 256 off).
+  if (tiles.col_blocks > 1 && tiles.last_block_cols < 16) {
+    tiles.base_n = (CeilDiv(shape.k, tiles.col_blocks) + 15) / 16 * 16;
+    tiles.col_blocks = CeilDiv(shape.k, tiles.base_n);
+    tiles.last_block_cols = shape.k - (tiles.col_blocks - 1) * tiles.base_n;
+  }
   tiles.tokens_per_chunk = CeilDiv(std::max<int64_t>(shape.batch, 1), best->chunks);
   tiles.token_chunks = CeilDiv(std::max<int64_t>(shape.batch, 1), tiles.tokens_per_chunk);
   return tiles;
