@@ -19,7 +19,10 @@
  *   x [batch, H]               GK_FLOAT, GK_FLOAT16 or GK_BF16; rows may be strided (the last
  *                              dim must be contiguous)
  *   expertIdx [batch, topK]    GK_INT32 or GK_INT64, values in [0, expertNum)
- *   expandedX [R, H]           x's dtype, contiguous
+ *   expandedX [R, H]           x's dtype, contiguous; or NULL for index-only routing: only
+ *                              expandedRowIdx and groupList are written (R is then
+ *                              expandedRowIdx's length for rowIdxType 0), and the layer's matmuls
+ *                              read x through the indices (gkGroupedMatmul gather-fused)
  *   expandedRowIdx             GK_INT32 or GK_INT64 (GK_INT32 needs batch * topK < 2^31), contiguous:
  *     rowIdxType GK_ROW_IDX_GATHER (0): [R]; entry i < M is the slot of row i, entries past M are -1
  *     rowIdxType GK_ROW_IDX_SCATTER (1): [batch * topK]; entry p is the row of slot p, -1 if dropped

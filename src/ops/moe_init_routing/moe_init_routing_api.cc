@@ -1,6 +1,7 @@
 // MoeInitRouting two-phase C API: phase 1 checks (expertIdx's values included) and plans;
 // phase 2 builds the routing table in the workspace, then writes groupList, expandedRowIdx and
-// the rows of expandedX (a copy of x's bytes: memcpy is the vector loop).
+// the rows of expandedX (a copy of x's bytes: memcpy is the vector loop), unless the caller
+// asked for the indices only (expandedX NULL).
 #include <cstring>
 
 #include "core/c_api_guard.h"
@@ -77,14 +78,15 @@ class MoeInitRoutingExecutor final : public gkOpExecutor {
     const int64_t begin = unit * plan_.rows_per_unit;
     const int64_t end = std::min(s.rows, begin + plan_.rows_per_unit);
     const char* x = Base(x_);
-    char* ex = Base(ex_);
     for (int64_t i = begin; i < end; ++i) {
-      char* target = ex + i * s.h * elem;
-      if (i < table.m) {
-        const int64_t slot = table.row_slot[i];
-        std::memcpy(target, x + slot / s.top_k * s.x_row_stride * elem, row_bytes);
-      } else {
-        std::memset(target, 0, row_bytes);
+      if (s.expand_x) {
+        char* target = Base(ex_) + i * s.h * elem;
+        if (i < table.m) {
+          const int64_t slot = table.row_slot[i];
+          std::memcpy(target, x + slot / s.top_k * s.x_row_stride * elem, row_bytes);
+        } else {
+          std::memset(target, 0, row_bytes);
+        }
       }
       if (s.row_idx_type == RowIdxType::kGather) {
         StoreIndex(idx_, i, i < table.m ? table.row_slot[i] : -1);
@@ -94,6 +96,7 @@ class MoeInitRoutingExecutor final : public gkOpExecutor {
 
   MoeInitRoutingPlan plan_;
   gkTensor x_, experts_, ex_, idx_, groups_;  // copies: the caller may release its descriptors
+                                              // (ex_ is empty for index-only routing)
 };
 
 }  // namespace
@@ -116,8 +119,9 @@ extern "C" gkStatus gkMoeInitRoutingGetWorkspaceSize(
     MoeInitRoutingShape shape{};
     GK_RETURN_IF_ERROR(CheckMoeInitRouting(kPhase1, args, &shape));
     const MoeInitRoutingPlan plan = MakeMoeInitRoutingPlan(shape, ConfiguredThreads());
-    *executor = new MoeInitRoutingExecutor(plan, *x, *expertIdx, *expandedX, *expandedRowIdx,
-                                           *groupList);
+    *executor = new MoeInitRoutingExecutor(plan, *x, *expertIdx,
+                                           expandedX != nullptr ? *expandedX : gkTensor{},
+                                           *expandedRowIdx, *groupList);
     *workspaceSize = plan.workspace_bytes;
     ClearRecentError();
     return GK_SUCCESS;

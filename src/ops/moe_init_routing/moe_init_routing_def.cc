@@ -25,18 +25,17 @@ gkStatus CheckAttributes(std::string_view api, const MoeInitRoutingArgs& a) {
 gkStatus CheckShapes(std::string_view api, const MoeInitRoutingArgs& a, MoeInitRoutingShape* s) {
   const gkTensor& x = *a.x;
   const gkTensor& experts = *a.expert_idx;
-  const gkTensor& ex = *a.expanded_x;
+  const gkTensor* ex = a.expanded_x;  // NULL: index-only routing
   const gkTensor& idx = *a.expanded_row_idx;
   const gkTensor& groups = *a.group_list;
   GK_RETURN_IF_ERROR(CheckRank(api, x, "x", 2));
   GK_RETURN_IF_ERROR(CheckRank(api, experts, "expertIdx", 2));
-  GK_RETURN_IF_ERROR(CheckRank(api, ex, "expandedX", 2));
+  if (ex != nullptr) GK_RETURN_IF_ERROR(CheckRank(api, *ex, "expandedX", 2));
   GK_RETURN_IF_ERROR(CheckRank(api, idx, "expandedRowIdx", 1));
   GK_RETURN_IF_ERROR(CheckRank(api, groups, "groupList", 1));
   s->batch = x.dims[0];
   s->h = x.dims[1];
   s->top_k = experts.dims[1];
-  s->rows = ex.dims[0];
   GK_RETURN_IF_ERROR(CheckPositive(api, s->batch, "batch (x.shape[0])"));
   GK_RETURN_IF_ERROR(CheckPositive(api, s->h, "H (x.shape[1])"));
   GK_RETURN_IF_ERROR(CheckDimIs(api, experts, "expertIdx", 0, s->batch, "batch, x.shape[0]"));
@@ -53,12 +52,17 @@ gkStatus CheckShapes(std::string_view api, const MoeInitRoutingArgs& a, MoeInitR
                 "(8 bytes a row) would overflow 64-bit sizes",
                 s->batch, s->top_k, slots);
   }
-  GK_RETURN_IF_ERROR(CheckDimIs(api, ex, "expandedX", 1, s->h, "H, x.shape[1]"));
+  // R: expandedX's rows; index-only, the gather index's length (scatter: the worst case).
+  s->rows = ex != nullptr                            ? ex->dims[0]
+            : s->row_idx_type == RowIdxType::kGather ? idx.dims[0]
+                                                     : s->max_rows();
+  if (ex != nullptr) GK_RETURN_IF_ERROR(CheckDimIs(api, *ex, "expandedX", 1, s->h, "H, x.shape[1]"));
   GK_RETURN_IF_ERROR(CheckDimIs(api, groups, "groupList", 0, s->g, "expertNum"));
   if (s->rows > s->max_rows()) {
     return Fail(GK_ERROR_PARAM_INVALID, api,
-                "expandedX has {} rows, more than any routing can fill: at most {} (batch {} * "
+                "{} has {} rows, more than any routing can fill: at most {} (batch {} * "
                 "topK {}{})",
+                ex != nullptr ? "expandedX" : "expandedRowIdx (rowIdxType 0, no expandedX)",
                 s->rows, s->max_rows(), s->batch, s->top_k,
                 s->capacity > 0 ? fmt::format(", or expertNum {} * expertCapacity {}", s->g,
                                               s->capacity)
@@ -89,18 +93,18 @@ gkStatus CheckMoeInitRouting(std::string_view api, const MoeInitRoutingArgs& a,
                              MoeInitRoutingShape* s) {
   GK_RETURN_IF_ERROR(CheckTensor(api, a.x, "x"));
   GK_RETURN_IF_ERROR(CheckTensor(api, a.expert_idx, "expertIdx"));
-  GK_RETURN_IF_ERROR(CheckTensor(api, a.expanded_x, "expandedX"));
+  if (a.expanded_x != nullptr) GK_RETURN_IF_ERROR(CheckTensor(api, a.expanded_x, "expandedX"));
   GK_RETURN_IF_ERROR(CheckTensor(api, a.expanded_row_idx, "expandedRowIdx"));
   GK_RETURN_IF_ERROR(CheckTensor(api, a.group_list, "groupList"));
   const gkTensor& x = *a.x;
   const gkTensor& experts = *a.expert_idx;
-  const gkTensor& ex = *a.expanded_x;
+  const gkTensor* ex = a.expanded_x;
   const gkTensor& idx = *a.expanded_row_idx;
   const gkTensor& groups = *a.group_list;
 
   GK_RETURN_IF_ERROR(CheckDTypeIn(api, x, "x", {DType::kF32, DType::kF16, DType::kBF16}));
   GK_RETURN_IF_ERROR(CheckDTypeIn(api, experts, "expertIdx", {DType::kI64, DType::kI32}));
-  GK_RETURN_IF_ERROR(CheckSameDType(api, ex, "expandedX", x, "x"));
+  if (ex != nullptr) GK_RETURN_IF_ERROR(CheckSameDType(api, *ex, "expandedX", x, "x"));
   GK_RETURN_IF_ERROR(CheckDTypeIn(api, idx, "expandedRowIdx", {DType::kI64, DType::kI32}));
   GK_RETURN_IF_ERROR(CheckDTypeIn(api, groups, "groupList", {kMoeInitRoutingGroupListDType}));
   static_assert(std::size(kMoeInitRoutingFloatDTypes) == 3 &&
@@ -111,6 +115,7 @@ gkStatus CheckMoeInitRouting(std::string_view api, const MoeInitRoutingArgs& a,
   s->g = a.expert_num;
   s->capacity = a.expert_capacity;
   s->dtype = x.dtype;
+  s->expand_x = ex != nullptr;
   s->expert_idx_dtype = experts.dtype;
   s->row_idx_dtype = idx.dtype;
   s->row_idx_type = static_cast<RowIdxType>(a.row_idx_type);
@@ -119,24 +124,28 @@ gkStatus CheckMoeInitRouting(std::string_view api, const MoeInitRoutingArgs& a,
 
   GK_RETURN_IF_ERROR(CheckAddressable(api, x, "x"));
   const struct {
-    const gkTensor& t;
+    const gkTensor* t;
     std::string_view name;
-  } contiguous[] = {{experts, "expertIdx"}, {ex, "expandedX"}, {idx, "expandedRowIdx"},
-                    {groups, "groupList"}};
+  } contiguous[] = {{&experts, "expertIdx"}, {ex, "expandedX"}, {&idx, "expandedRowIdx"},
+                    {&groups, "groupList"}};
   for (const auto& [t, name] : contiguous) {
-    GK_RETURN_IF_ERROR(CheckAddressable(api, t, name));
-    GK_RETURN_IF_ERROR(CheckContiguous(api, t, name));
+    if (t == nullptr) continue;
+    GK_RETURN_IF_ERROR(CheckAddressable(api, *t, name));
+    GK_RETURN_IF_ERROR(CheckContiguous(api, *t, name));
   }
   const struct {
-    const gkTensor& t;
+    const gkTensor* t;
     std::string_view name;
-  } outputs[] = {{ex, "expandedX"}, {idx, "expandedRowIdx"}, {groups, "groupList"}};
+  } outputs[] = {{ex, "expandedX"}, {&idx, "expandedRowIdx"}, {&groups, "groupList"}};
   for (const auto& [out, out_name] : outputs) {
-    GK_RETURN_IF_ERROR(CheckDisjoint(api, out, out_name, x, "x"));
-    GK_RETURN_IF_ERROR(CheckDisjoint(api, out, out_name, experts, "expertIdx"));
+    if (out == nullptr) continue;
+    GK_RETURN_IF_ERROR(CheckDisjoint(api, *out, out_name, x, "x"));
+    GK_RETURN_IF_ERROR(CheckDisjoint(api, *out, out_name, experts, "expertIdx"));
   }
-  GK_RETURN_IF_ERROR(CheckDisjoint(api, idx, "expandedRowIdx", ex, "expandedX"));
-  GK_RETURN_IF_ERROR(CheckDisjoint(api, groups, "groupList", ex, "expandedX"));
+  if (ex != nullptr) {
+    GK_RETURN_IF_ERROR(CheckDisjoint(api, idx, "expandedRowIdx", *ex, "expandedX"));
+    GK_RETURN_IF_ERROR(CheckDisjoint(api, groups, "groupList", *ex, "expandedX"));
+  }
   GK_RETURN_IF_ERROR(CheckDisjoint(api, groups, "groupList", idx, "expandedRowIdx"));
 
   // Values: phase 1 reads expertIdx (batch * topK entries, never x) and counts M.

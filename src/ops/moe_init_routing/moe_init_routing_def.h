@@ -25,7 +25,7 @@ struct MoeInitRoutingArgs {
   int64_t expert_num;           // G
   int64_t group_list_type;
   int64_t row_idx_type;
-  const gkTensor* expanded_x;        // [R, H]
+  const gkTensor* expanded_x;        // [R, H], or NULL: index-only routing
   const gkTensor* expanded_row_idx;  // [R] (gather) or [batch * topK] (scatter)
   const gkTensor* group_list;        // [G] int64
 };
@@ -40,7 +40,8 @@ struct MoeInitRoutingShape {
   int64_t h;
   int64_t g;
   int64_t capacity;  // 0: none
-  int64_t rows;      // R: expandedX.shape[0]
+  int64_t rows;      // R: expandedX.shape[0] (index-only: see CheckShapes)
+  bool expand_x;     // false: no expandedX, only the indices and groupList
   int64_t x_row_stride;  // elements between rows of x
   DType dtype;             // x, expandedX
   DType expert_idx_dtype;

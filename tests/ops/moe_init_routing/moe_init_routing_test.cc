@@ -3,6 +3,7 @@
 // and the round trip into gkMoeInitRoutingGroupedMatmulGrad.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -26,6 +27,7 @@ struct InitOptions {
   int64_t rows = -1;          // expandedX rows; -1: Rmax
   int64_t x_row_stride = 0;   // 0: H (contiguous)
   int32_t threads = 0;
+  bool index_only = false;    // expandedX NULL: only the indices and groupList
 };
 
 struct InitProblem {
@@ -80,7 +82,7 @@ InitResult RunInitRouting(const InitProblem& pb, const InitOptions& o,
   std::memcpy(&group_list_type, &o.group_list_type, sizeof group_list_type);
   r.planned = gkMoeInitRoutingGetWorkspaceSize(
       x_t.t, e_t.t, o.capacity, expert_num >= 0 ? expert_num : s.g, group_list_type,
-      row_idx_type, ex_t.t, idx_t.t, g_t.t, &workspace_size, &executor);
+      row_idx_type, o.index_only ? nullptr : ex_t.t, idx_t.t, g_t.t, &workspace_size, &executor);
   r.message = gkGetRecentErrMsg();
   if (r.planned == GK_SUCCESS) {
     r.ran = RunPlanned(executor, workspace_size, gkMoeInitRouting);
@@ -115,6 +117,11 @@ InitResult RunInitRouting(const InitProblem& pb, const InitOptions& o,
   }
   const int64_t row_bytes = pb.h * ElementBytes(o.dtype);
   const std::vector<uint8_t> zeros(static_cast<size_t>(row_bytes), 0);
+  if (o.index_only) {
+    const bool untouched = std::all_of(r.ex.begin(), r.ex.end(), [](uint8_t b) { return b == kSentinel; });
+    return untouched ? ::testing::AssertionSuccess()
+                     : ::testing::AssertionFailure() << "index-only routing wrote expandedX's buffer";
+  }
   for (int64_t i = 0; i < r.rows; ++i) {
     const uint8_t* got = r.ex.data() + i * row_bytes;
     const uint8_t* want =
@@ -176,6 +183,33 @@ TEST(moe_init_routing, MatchesReferenceEverywhere) {
       }
     }
   }
+}
+
+// expandedX NULL: the same indices and groupList as the full call, and nothing else written.
+TEST(moe_init_routing, IndexOnlyRoutingWritesTheSameIndices) {
+  for (const NamedSpec& ns : Specs()) {
+    for (int32_t row_idx_type : {0, 1}) {
+      for (int64_t capacity : {int64_t{0}, int64_t{3}}) {
+        InitOptions o;
+        o.row_idx_type = row_idx_type;
+        o.capacity = capacity;
+        o.index_only = true;
+        const InitProblem pb = MakeProblem(ns.spec, ns.h, o);
+        EXPECT_TRUE(MatchesReference(pb, o, RunInitRouting(pb, o)))
+            << ns.name << " rowIdxType " << row_idx_type << " capacity " << capacity;
+      }
+    }
+  }
+  // Without expandedX, a gather index longer than any routing can fill is named as such.
+  InitOptions o;
+  o.index_only = true;
+  o.rows = 7;  // batch 2 * topK 2 = 4 slots at most
+  const InitProblem pb = MakeProblem({2, 2, 3, 0.0, {}, 1}, 4, o);
+  const InitResult r = RunInitRouting(pb, o);
+  EXPECT_EQ(r.planned, GK_ERROR_PARAM_INVALID);
+  EXPECT_NE(r.message.find("expandedRowIdx (rowIdxType 0, no expandedX) has 7 rows"),
+            std::string::npos)
+      << r.message;
 }
 
 TEST(moe_init_routing, CapacityDropsTheLaterSlotsOfAnExpert) {
