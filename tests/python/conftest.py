@@ -1,6 +1,7 @@
 import os
 import pathlib
 import subprocess
+import sys
 
 import pytest
 
@@ -20,3 +21,15 @@ def cli():
         return result
 
     return run
+
+
+# The torch extension's Python package, as a user reaches it: PYTHONPATH=python.
+sys.path.insert(0, str(ROOT / "python"))
+
+
+@pytest.fixture(scope="session")
+def gkt():
+    """gradkit.torch, loaded from the build (skipped only where torch itself is missing)."""
+    pytest.importorskip("torch")
+    import gradkit.torch
+    return gradkit.torch

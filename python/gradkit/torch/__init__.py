@@ -1,0 +1,29 @@
+"""gradkit in PyTorch: ``torch.ops.gradkit.*`` (loaded on import), autograd functions whose
+backward runs on gradkit's operators, and an MoE FFN layer built from them.
+
+    import gradkit.torch as gkt
+    layer = gkt.MoeFFN(hidden=256, ffn_hidden=512, num_experts=8, topk=2)
+
+CPU tensors; float32, float16 and bfloat16 (the operators' dtypes). Errors from gradkit are raised
+as RuntimeError with its message (the argument, its value and the rule).
+"""
+from gradkit.torch._library import library_path, load
+
+ops = load()
+
+from gradkit.torch.functional import (  # noqa: E402  (the ops must be registered first)
+    GROUP_LIST_COUNT, GROUP_LIST_CUMSUM, ROW_IDX_GATHER, ROW_IDX_SCATTER, MoeRouting, elu,
+    moe_combine, moe_expert_linear, moe_grouped_linear, moe_route)
+from gradkit.torch.moe import MoeFFN, TorchMoeFFN, top_k_gating  # noqa: E402
+
+
+def version():
+    """gradkit's version, as the loaded extension reports it."""
+    return ops.version()
+
+
+__all__ = [
+    "GROUP_LIST_COUNT", "GROUP_LIST_CUMSUM", "ROW_IDX_GATHER", "ROW_IDX_SCATTER", "MoeFFN",
+    "MoeRouting", "TorchMoeFFN", "elu", "library_path", "moe_combine", "moe_expert_linear",
+    "moe_grouped_linear", "moe_route", "ops", "top_k_gating", "version",
+]

@@ -1,0 +1,175 @@
+"""gradkit.torch's autograd functions and MoeFFN against plain PyTorch: gradients of every input
+and parameter, over routings, top-k, capacity drops, activations and dtypes; determinism."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import moe_reference as ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("alpha,scale,input_scale,save_result", [
+    (1.0, 1.0, 1.0, False),
+    (1.6732632423543772, 1.0507009873554805, 1.0, True),   # SELU, output saved
+    (0.7, 1.0, 1 / 0.7, False),                            # CELU(0.7)
+])
+def test_elu_gradient_equals_torchs(gkt, dtype, alpha, scale, input_scale, save_result):
+    x0 = torch.randn(41, 57).to(dtype)
+    x = x0.clone().requires_grad_()
+    y = gkt.elu(x, alpha, scale, input_scale, save_result)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    x_ref = x0.clone().requires_grad_()
+    y_ref = torch.ops.aten.elu(x_ref, alpha, scale, input_scale)
+    y_ref.backward(dy)
+    assert torch.equal(y, y_ref)
+    eps = ref.EPS[dtype]
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=4 * eps, atol=4 * eps)
+
+
+def test_elu_refuses_what_it_cannot_do(gkt):
+    with pytest.raises(ValueError, match="save_result needs alpha >= 0"):
+        gkt.elu(torch.randn(3), alpha=-1.0, save_result=True)
+    with pytest.raises(TypeError, match="float64"):
+        gkt.elu(torch.randn(3, dtype=torch.float64))
+
+
+def per_expert_linear(x, expert_idx, weight, capacity):
+    """y in expanded order, by plain torch ops (autograd through index_select and mm)."""
+    row_slot, counts = ref.route(expert_idx, weight.shape[0], capacity)
+    token = torch.div(row_slot, expert_idx.shape[1], rounding_mode="floor")
+    rows = x.index_select(0, token)
+    parts = [rows[s:s + c] @ weight[g] for g, (s, c) in
+             enumerate(zip((torch.cumsum(counts, 0) - counts).tolist(), counts.tolist()))]
+    return torch.cat(parts), row_slot
+
+
+@pytest.mark.parametrize("batch,topk,experts,skew,empty,capacity", [
+    (33, 1, 4, 0.0, (), 0),
+    (40, 2, 8, 0.8, (), 0),
+    (25, 3, 6, 0.0, (0, 5), 0),
+    (20, 8, 8, 0.0, (), 0),
+    (50, 2, 4, 0.3, (), 9),
+])
+def test_grouped_linear_and_combine_gradients(gkt, batch, topk, experts, skew, empty, capacity):
+    h, f = 24, 40
+    expert_idx = ref.make_expert_idx(batch, topk, experts, skew, empty, seed=batch)
+    x0 = torch.randn(batch, h)
+    w0 = torch.randn(experts, h, f) / 4
+    p0 = torch.rand(batch, topk)
+    leaves = [t.clone().requires_grad_() for t in (x0, w0, p0)]
+    x, w, p = leaves
+    y, routing = gkt.moe_grouped_linear(x, expert_idx, w, capacity)
+    out = gkt.moe_combine(gkt.moe_expert_linear(torch.tanh(y), routing, w.transpose(1, 2)), p,
+                          routing)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+
+    rleaves = [t.clone().requires_grad_() for t in (x0, w0, p0)]
+    rx, rw, rp = rleaves
+    ry, row_slot = per_expert_linear(rx, expert_idx, rw, capacity)
+    assert torch.equal(routing.expanded_row_idx, row_slot)
+    counts = routing.group_list
+    expert = ref.expert_of_rows(counts)
+    y2 = torch.einsum("mf,mhf->mh", torch.tanh(ry), rw[expert])
+    token = torch.div(row_slot, topk, rounding_mode="floor")
+    rout = torch.zeros(batch, h).index_add(0, token, y2 * rp.reshape(-1)[row_slot].unsqueeze(1))
+    rout.backward(dout)
+
+    torch.testing.assert_close(y, ry, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, rout, rtol=1e-5, atol=1e-5)
+    for got, want in zip(leaves, rleaves):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-4)
+
+
+ACTIVATIONS = ["gelu", "relu", "silu", "elu"]
+
+
+def make_pair(gkt, hidden, ffn, experts, topk, activation, capacity=0, dtype=torch.float32,
+              seed=0):
+    torch.manual_seed(seed)
+    layer = gkt.MoeFFN(hidden, ffn, experts, topk, activation, capacity, dtype=dtype)
+    peer = gkt.TorchMoeFFN(hidden, ffn, experts, topk, activation, capacity, dtype=dtype)
+    peer.load_state_dict(layer.state_dict())
+    return layer, peer
+
+
+def step(module, x, dout):
+    module.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_()
+    out = module(x)
+    out.backward(dout)
+    return out.detach(), x.grad, {n: p.grad for n, p in module.named_parameters()}
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("topk,capacity", [(1, 0), (2, 0), (4, 0), (2, 12)])
+def test_moe_ffn_gradients_equal_the_torch_modules(gkt, activation, topk, capacity):
+    layer, peer = make_pair(gkt, 32, 48, 8, topk, activation, capacity, seed=topk)
+    x = torch.randn(2, 30, 32)
+    dout = torch.randn(2, 30, 32)
+    out, dx, grads = step(layer, x, dout)
+    rout, rdx, rgrads = step(peer, x, dout)
+    torch.testing.assert_close(out, rout, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dx, rdx, rtol=1e-4, atol=1e-5)
+    for name in ("router.weight", "w1", "w2"):
+        torch.testing.assert_close(grads[name], rgrads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_moe_ffn_bfloat16_tracks_float32(gkt):
+    layer, peer = make_pair(gkt, 32, 64, 4, 2, "gelu", seed=5)
+    x = torch.randn(64, 32)
+    dout = torch.randn(64, 32)
+    _, dx32, g32 = step(peer, x, dout)
+    layer16 = layer.to(torch.bfloat16)
+    _, dx16, g16 = step(layer16, x.bfloat16(), dout.bfloat16())
+    # bfloat16 keeps 8 bits: a few of its ulps of each gradient's scale.
+    for got, want in [(dx16, dx32), (g16["w1"], g32["w1"]), (g16["w2"], g32["w2"])]:
+        scale = want.abs().max()
+        assert (got.float() - want).abs().max() <= 0.05 * scale
+
+
+def test_moe_ffn_is_deterministic(gkt):
+    layer, _ = make_pair(gkt, 48, 64, 8, 2, "gelu", seed=9)
+    x = torch.randn(200, 48)
+    dout = torch.randn(200, 48)
+    first = step(layer, x, dout)
+    for threads in (1, 3, 0):
+        gkt.ops.set_num_threads(threads)
+        again = step(layer, x, dout)
+        assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+        for name in first[2]:
+            assert torch.equal(again[2][name], first[2][name])
+
+
+def test_moe_ffn_refuses_bad_configurations(gkt):
+    with pytest.raises(ValueError, match="topk is 5"):
+        gkt.MoeFFN(8, 8, 4, 5)
+    with pytest.raises(ValueError, match="capacity is -1"):
+        gkt.MoeFFN(8, 8, 4, 2, capacity=-1)
+    with pytest.raises(ValueError, match="activation is 'tanhh'"):
+        gkt.MoeFFN(8, 8, 4, 2, activation="tanhh")
+    layer = gkt.MoeFFN(8, 8, 4, 2)
+    with pytest.raises(RuntimeError, match="shape"):
+        layer(torch.randn(3, 7))
+
+
+def test_moe_ffn_trains(gkt):
+    """A few SGD steps on a fixed regression target lower the loss as they do for the peer."""
+    layer, peer = make_pair(gkt, 16, 32, 4, 2, "silu", seed=2)
+    x = torch.randn(128, 16)
+    target = torch.sin(x)
+    losses = {}
+    for name, module in (("gradkit", layer), ("torch", peer)):
+        opt = torch.optim.SGD(module.parameters(), lr=0.5)
+        curve = []
+        for _ in range(80):
+            opt.zero_grad()
+            loss = F.mse_loss(module(x), target)
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+        losses[name] = curve
+    assert losses["gradkit"][-1] < 0.6 * losses["gradkit"][0]
+    for a, b in zip(losses["gradkit"], losses["torch"]):
+        assert abs(a - b) <= 1e-3 * max(abs(b), 1e-6) + 1e-5
