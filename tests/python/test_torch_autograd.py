@@ -173,3 +173,28 @@ def test_moe_ffn_trains(gkt):
     assert losses["gradkit"][-1] < 0.6 * losses["gradkit"][0]
     for a, b in zip(losses["gradkit"], losses["torch"]):
         assert abs(a - b) <= 1e-3 * max(abs(b), 1e-6) + 1e-5
+
+
+def module_grad(module, x, dout):
+    x = x.clone().requires_grad_()
+    module(x if not getattr(module, "inplace", False) else x * 1).backward(dout)
+    return x.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_aten_elu_backward_switch(gkt, dtype):
+    modules = [torch.nn.ELU(), torch.nn.SELU(), torch.nn.CELU(0.7), torch.nn.ELU(inplace=True)]
+    x = (torch.randn(50, 30) * 3).to(dtype)
+    dout = torch.randn(50, 30).to(dtype)
+    for module in modules:
+        want = module_grad(module, x, dout)
+        before = gkt.aten_elu_backward_calls()
+        with gkt.aten_elu_backward_on_gradkit():
+            got = module_grad(module, x, dout)
+        # float64 is not a gradkit dtype: the switch computes it with torch's formula instead.
+        assert gkt.aten_elu_backward_calls() == before + (dtype != torch.float64), module
+        eps = ref.EPS.get(dtype, 2.0 ** -52)
+        torch.testing.assert_close(got, want, rtol=4 * eps, atol=4 * eps)
+        # The block's end gives torch's own kernel back.
+        module_grad(module, x, dout)
+        assert gkt.aten_elu_backward_calls() == before + (dtype != torch.float64)

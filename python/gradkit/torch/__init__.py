@@ -15,6 +15,7 @@ from gradkit.torch.functional import (  # noqa: E402  (the ops must be registere
     GROUP_LIST_COUNT, GROUP_LIST_CUMSUM, ROW_IDX_GATHER, ROW_IDX_SCATTER, MoeRouting, elu,
     moe_combine, moe_expert_linear, moe_grouped_linear, moe_route)
 from gradkit.torch.moe import MoeFFN, TorchMoeFFN, top_k_gating  # noqa: E402
+from gradkit.torch.aten import aten_elu_backward_calls, aten_elu_backward_on_gradkit  # noqa: E402
 
 
 def version():
@@ -24,6 +25,7 @@ def version():
 
 __all__ = [
     "GROUP_LIST_COUNT", "GROUP_LIST_CUMSUM", "ROW_IDX_GATHER", "ROW_IDX_SCATTER", "MoeFFN",
+    "aten_elu_backward_calls", "aten_elu_backward_on_gradkit",
     "MoeRouting", "TorchMoeFFN", "elu", "library_path", "moe_combine", "moe_expert_linear",
     "moe_grouped_linear", "moe_route", "ops", "top_k_gating", "version",
 ]
