@@ -142,5 +142,5 @@ class TorchMoeFFN(_MoeFFNBase):
             token = torch.div(slot, self.topk, rounding_mode="floor")
             h = x.index_select(0, token) @ self.w1[g]
             y = self.activation(h) @ self.w2[g]
-            out = out.index_add(0, token, y * weights[slot].unsqueeze(1))
+            out.index_add_(0, token, y * weights[slot].unsqueeze(1))
         return out
