@@ -330,6 +330,45 @@ inline void CheckFailure(gkStatus status, const char* when) {
   GK_FUZZ_CHECK(message.find('\n') == std::string::npos, "%s: message spans lines", when);
 }
 
+// With GK_FUZZ_DEBUG set, says which rule of the contract a call breaks; always false.
+inline bool Refuse(int line) {
+  if (std::getenv("GK_FUZZ_DEBUG")) std::fprintf(stderr, "contract broken at line %d\n", line);
+  return false;
+}
+
+// Whether two views' addressed bytes share one (empty views share none).
+inline bool Overlap(const View& a, const View& b) {
+  __int128 lo, hi;
+  if (!a.Extent(&lo, &hi)) return false;
+  const auto a_first = reinterpret_cast<uintptr_t>(a.data) + static_cast<uintptr_t>(lo * BytesOf(a.dtype));
+  const auto a_end = reinterpret_cast<uintptr_t>(a.data) + static_cast<uintptr_t>((hi + 1) * BytesOf(a.dtype));
+  if (!b.Extent(&lo, &hi)) return false;
+  const auto b_first = reinterpret_cast<uintptr_t>(b.data) + static_cast<uintptr_t>(lo * BytesOf(b.dtype));
+  const auto b_end = reinterpret_cast<uintptr_t>(b.data) + static_cast<uintptr_t>((hi + 1) * BytesOf(b.dtype));
+  return a_first < b_end && b_first < a_end;
+}
+
+// Phase-2 misuse of a planned executor, as `kind` (0..3) says: nothing, a workspace one byte
+// short, a NULL workspace, the executor given to `other` (another operator's phase 2). Each must
+// fail with a message and leave memory as `before`. run / other: gkXxx(ws, size, executor, stream).
+template <typename Run, typename Other>
+void CheckPhase2Misuse(int kind, const GuardedMemory& memory,
+                       const std::vector<std::vector<uint8_t>>& before, void* workspace,
+                       uint64_t workspace_size, gkOpExecutor* executor, Run run, Other other) {
+  CheckFailure(run(workspace, workspace_size, nullptr, nullptr), "NULL executor");
+  if (kind == 1 && workspace_size > 0) {
+    CheckFailure(run(workspace, workspace_size - 1, executor, nullptr), "short workspace");
+    CheckUnchanged(memory, before, "short workspace");
+  } else if (kind == 2 && workspace_size > 0) {
+    CheckFailure(run(nullptr, workspace_size, executor, nullptr), "NULL workspace");
+    CheckUnchanged(memory, before, "NULL workspace");
+  } else if (kind == 3) {
+    CheckFailure(other(workspace, workspace_size, executor, nullptr),
+                 "executor given to another operator");
+    CheckUnchanged(memory, before, "executor given to another operator");
+  }
+}
+
 // A valid routing: m rows spread over g experts (groupList as groupListType says), and the
 // expanded row index of either type over `slots` slots, permuted; rowIdxType 0 gets `extra`
 // junk entries past M.

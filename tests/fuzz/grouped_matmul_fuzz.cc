@@ -42,6 +42,7 @@ using gk::fuzz::kAnyDTypes;
 using gk::fuzz::kFloatDTypes;
 using gk::fuzz::kIndexValues;
 using gk::fuzz::MakeRouting;
+using gk::fuzz::Refuse;
 using gk::fuzz::Routing;
 using gk::fuzz::Share;
 using gk::fuzz::Snapshot;
@@ -87,12 +88,6 @@ int64_t WeightAt(const Call& c, int64_t g, int64_t k, int64_t n) {
 struct Sizes {
   int64_t m, g, k, n, batch;
 };
-
-// With GK_FUZZ_DEBUG set, says which rule of the contract a call breaks.
-bool Refuse(int line) {
-  if (std::getenv("GK_FUZZ_DEBUG")) std::fprintf(stderr, "contract broken at line %d\n", line);
-  return false;
-}
 
 // The header's contract, checked independently of gradkit. Only called when every view is
 // backed. allow_repeated_slots: phase 2 re-checks ranges and totals, not repeated slots.
