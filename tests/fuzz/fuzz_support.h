@@ -369,6 +369,54 @@ void CheckPhase2Misuse(int kind, const GuardedMemory& memory,
   }
 }
 
+// One mutation of a view's descriptor, as `kind` (0..4) says: a dim off by a little or hostile,
+// the rank off by one, an offset, strides, a dtype.
+inline void MutateView(ByteReader& in, View& v, int kind) {
+  switch (kind) {
+    case 0:
+      if (v.rank > 0) {
+        int64_t& d = v.dims[in.Range(0, v.rank - 1)];
+        d = in.Bool() ? std::clamp<int64_t>(d, 0, 1 << 20) + in.Range(-1, 1) : in.Pick(kHostileSizes);
+      }
+      break;
+    case 1:
+      if (in.Bool() && v.rank < 4) {
+        v.dims[v.rank++] = 1;
+      } else if (v.rank > 0) {
+        --v.rank;
+      }
+      break;
+    case 2: v.offset = in.Bool() ? in.Range(0, 5) : in.Pick(kHostileSizes); break;
+    case 3:
+      v.explicit_strides = true;
+      for (int d = 0; d < v.rank; ++d) v.strides[d] = in.Bool() ? in.Range(-2, 6) : in.Pick(kHostileSizes);
+      break;
+    default: v.dtype = in.Pick(kAnyDTypes); break;
+  }
+}
+
+// The guarantees of phase 1, whatever its verdict: a refusal has a message and no executor, and
+// nothing is written either way; with every view backed, the verdict is the contract's
+// (meets_contract: the target's independent check).
+template <typename Contract>
+void CheckPhase1(gkStatus status, gkOpExecutor* executor, bool null_executor,
+                 const GuardedMemory& memory, const std::vector<std::vector<uint8_t>>& before,
+                 bool all_backed, Contract meets_contract) {
+  if (status != GK_SUCCESS) {
+    CheckFailure(status, "phase 1");
+    if (!null_executor) GK_FUZZ_CHECK(executor == nullptr, "phase 1 failed but left an executor");
+    CheckUnchanged(memory, before, "failed phase 1");
+    if (all_backed) {
+      GK_FUZZ_CHECK(!meets_contract(), "phase 1 refused a call that meets the contract: %s",
+                    gkGetRecentErrMsg());
+    }
+  } else {
+    GK_FUZZ_CHECK(executor != nullptr, "phase 1 succeeded without an executor");
+    CheckUnchanged(memory, before, "phase 1");
+    if (all_backed) GK_FUZZ_CHECK(meets_contract(), "phase 1 accepted a call that breaks the contract");
+  }
+}
+
 // A valid routing: m rows spread over g experts (groupList as groupListType says), and the
 // expanded row index of either type over `slots` slots, permuted; rowIdxType 0 gets `extra`
 // junk entries past M.

@@ -28,25 +28,8 @@
 namespace {
 
 using gk::DType;
-using gk::fuzz::Back;
-using gk::fuzz::ByteReader;
-using gk::fuzz::BytesOf;
-using gk::fuzz::CheckFailure;
-using gk::fuzz::CheckUnchanged;
-using gk::fuzz::FillIndex;
-using gk::fuzz::GuardedBuffer;
-using gk::fuzz::IndexAt;
-using gk::fuzz::IsFloat;
-using gk::fuzz::IsIndex;
-using gk::fuzz::kAnyDTypes;
-using gk::fuzz::kFloatDTypes;
-using gk::fuzz::kIndexValues;
-using gk::fuzz::MakeRouting;
-using gk::fuzz::Refuse;
-using gk::fuzz::Routing;
-using gk::fuzz::Share;
-using gk::fuzz::Snapshot;
-using gk::fuzz::View;
+// The shared views, memory and checks (fuzz_support.h).
+using namespace gk::fuzz;  // NOLINT(build/namespaces)
 
 enum Role { kX, kOperand, kRowIdx, kGroupList, kOut, kRoles };
 

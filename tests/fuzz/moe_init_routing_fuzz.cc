@@ -24,19 +24,8 @@
 
 namespace {
 
-using gk::fuzz::Back;
-using gk::fuzz::ByteReader;
-using gk::fuzz::BytesOf;
-using gk::fuzz::CheckFailure;
-using gk::fuzz::CheckUnchanged;
-using gk::fuzz::FillIndex;
-using gk::fuzz::GuardedBuffer;
-using gk::fuzz::IndexAt;
-using gk::fuzz::IsFloat;
-using gk::fuzz::IsIndex;
-using gk::fuzz::Overlap;
-using gk::fuzz::Refuse;
-using gk::fuzz::View;
+// The shared views, memory and checks (fuzz_support.h).
+using namespace gk::fuzz;  // NOLINT(build/namespaces)
 
 enum Role { kX, kExpertIdx, kExpandedX, kRowIdx, kGroupList, kRoles };
 constexpr int kFirstOutput = kExpandedX;
@@ -142,7 +131,8 @@ void Mutate(ByteReader& in, Call& call, std::vector<int64_t>& experts) {
   const int mutations = static_cast<int>(in.Range(0, 3));
   for (int i = 0; i < mutations; ++i) {
     View& v = call.views[in.Range(0, kRoles - 1)];
-    switch (in.U8() % 10) {
+    const int kind = in.U8() % 9;
+    switch (kind) {
       case 0:  // an expert out of range (or at the edge)
         experts[static_cast<size_t>(in.Range(0, static_cast<int64_t>(experts.size()) - 1))] =
             in.Bool() ? in.Range(-1, call.expert_num) : in.Pick(gk::fuzz::kIndexValues);
@@ -156,28 +146,7 @@ void Mutate(ByteReader& in, Call& call, std::vector<int64_t>& experts) {
           call.group_list_type = static_cast<int32_t>(in.Range(-1, 2));
         }
         break;
-      case 4:  // one dim off by a little, or hostile
-        if (v.rank > 0) {
-          int64_t& d = v.dims[in.Range(0, v.rank - 1)];
-          d = in.Bool() ? std::clamp<int64_t>(d, 0, 1 << 20) + in.Range(-1, 1)
-                        : in.Pick(gk::fuzz::kHostileSizes);
-        }
-        break;
-      case 5:  // a rank off by one
-        if (in.Bool() && v.rank < 4) {
-          v.dims[v.rank++] = 1;
-        } else if (v.rank > 0) {
-          --v.rank;
-        }
-        break;
-      case 6: v.offset = in.Bool() ? in.Range(0, 5) : in.Pick(gk::fuzz::kHostileSizes); break;
-      case 7:
-        v.explicit_strides = true;
-        for (int d = 0; d < v.rank; ++d) {
-          v.strides[d] = in.Bool() ? in.Range(-2, 6) : in.Pick(gk::fuzz::kHostileSizes);
-        }
-        break;
-      default: v.dtype = in.Pick(gk::fuzz::kAnyDTypes); break;
+      default: gk::fuzz::MutateView(in, v, kind - 4); break;  // the view's descriptor
     }
   }
 }
@@ -289,22 +258,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   bool all_backed = true;
   for (const View& v : call.views) all_backed &= v.backed;
-  if (status != GK_SUCCESS) {
-    CheckFailure(status, "phase 1");
-    if (!null_executor) GK_FUZZ_CHECK(executor == nullptr, "phase 1 failed but left an executor");
-    CheckUnchanged(call, before, "failed phase 1");
-    if (all_backed) {
-      GK_FUZZ_CHECK(!MeetsContract(call, null_size, null_executor, nullptr),
-                    "phase 1 refused a call that meets the contract: %s", gkGetRecentErrMsg());
-    }
-  } else {
-    GK_FUZZ_CHECK(executor != nullptr, "phase 1 succeeded without an executor");
-    CheckUnchanged(call, before, "phase 1");
-    if (all_backed) {
-      GK_FUZZ_CHECK(MeetsContract(call, null_size, null_executor, nullptr),
-                    "phase 1 accepted a call that breaks the contract");
-    }
-  }
+  gk::fuzz::CheckPhase1(status, executor, null_executor, call, before, all_backed, [&] {
+    return MeetsContract(call, null_size, null_executor, nullptr);
+  });
   if (status == GK_SUCCESS && all_backed) {
     GK_FUZZ_CHECK(workspace_size <= (uint64_t{1} << 28), "workspace of %llu bytes for a small call",
                   static_cast<unsigned long long>(workspace_size));
