@@ -1,5 +1,6 @@
 // Fuzz target: MoeInitRouting's two-phase C API. From a valid call (random small shapes, expert
-// choices of any skew, capacity 0 or a few rows, expandedX from M to Rmax rows, either rowIdxType,
+// choices of any skew, capacity 0 or a few rows, expandedX from M to Rmax rows or NULL (index-only
+// routing), either rowIdxType,
 // either groupListType, x with strided rows) the input applies mutations: experts out of range,
 // hostile expertNum / expertCapacity / enum values, too few or too many rows, wrong shapes, ranks,
 // dtypes, strides, offsets, NULL pointers, an output overlapping an input; then phase-2 misuse
@@ -41,40 +42,51 @@ struct Call : gk::fuzz::GuardedMemory {
 GK_FUZZ_NO_COVERAGE bool MeetsContract(const Call& c, bool null_size, bool null_executor,
                                        std::vector<int64_t>* experts) {
   if (null_size || null_executor) return Refuse(__LINE__);
-  for (const View& v : c.views) {
-    if (!v.present || v.tensor == nullptr) return Refuse(__LINE__);
+  // expandedX may be NULL (index-only routing); then R is the gather index's length.
+  const bool index_only = !c.views[kExpandedX].present;
+  for (int r = 0; r < kRoles; ++r) {
+    if (r == kExpandedX && index_only) continue;
+    if (!c.views[r].present || c.views[r].tensor == nullptr) return Refuse(__LINE__);
   }
   const View& x = c.views[kX];
   const View& e = c.views[kExpertIdx];
   const View& ex = c.views[kExpandedX];
   const View& idx = c.views[kRowIdx];
   const View& groups = c.views[kGroupList];
-  if (!IsFloat(x.dtype) || !IsIndex(e.dtype) || ex.dtype != x.dtype || !IsIndex(idx.dtype)) return Refuse(__LINE__);
+  if (!IsFloat(x.dtype) || !IsIndex(e.dtype) || !IsIndex(idx.dtype)) return Refuse(__LINE__);
+  if (!index_only && ex.dtype != x.dtype) return Refuse(__LINE__);
   if (groups.dtype != GK_INT64) return Refuse(__LINE__);
   const int64_t g = c.expert_num, cap = c.capacity;
   if (g < 1 || g >= (int64_t{1} << 31) || cap < 0) return Refuse(__LINE__);
   if ((c.row_idx_type != 0 && c.row_idx_type != 1) || (c.group_list_type != 0 && c.group_list_type != 1)) {
     return Refuse(__LINE__);
   }
-  if (x.rank != 2 || e.rank != 2 || ex.rank != 2 || idx.rank != 1 || groups.rank != 1) return Refuse(__LINE__);
-  const int64_t batch = x.dims[0], h = x.dims[1], top_k = e.dims[1], rows = ex.dims[0];
+  if (x.rank != 2 || e.rank != 2 || (!index_only && ex.rank != 2) || idx.rank != 1 || groups.rank != 1) {
+    return Refuse(__LINE__);
+  }
+  const int64_t batch = x.dims[0], h = x.dims[1], top_k = e.dims[1];
   int64_t slots;
   if (batch < 1 || h < 1 || e.dims[0] != batch || top_k < 1) return Refuse(__LINE__);
   if (__builtin_mul_overflow(batch, top_k, &slots) || slots > (int64_t{1} << 59)) return Refuse(__LINE__);
   int64_t max_rows = slots, capped;
   if (cap > 0 && !__builtin_mul_overflow(g, cap, &capped)) max_rows = std::min(slots, capped);
-  if (ex.dims[1] != h || groups.dims[0] != g || rows < 0 || rows > max_rows) return Refuse(__LINE__);
+  const int64_t rows = !index_only ? ex.dims[0] : c.row_idx_type == 0 ? idx.dims[0] : max_rows;
+  if ((!index_only && ex.dims[1] != h) || groups.dims[0] != g || rows < 0 || rows > max_rows) {
+    return Refuse(__LINE__);
+  }
   if (idx.dims[0] != (c.row_idx_type == 0 ? rows : slots)) return Refuse(__LINE__);
   if (idx.dtype == GK_INT32 && slots > INT32_MAX) return Refuse(__LINE__);
   if (h > 1 && x.Stride(1) != 1) return Refuse(__LINE__);
+  const auto used = [&](int r) { return r != kExpandedX || !index_only; };
   for (int r = 0; r < kRoles; ++r) {
     const View& v = c.views[r];
+    if (!used(r)) continue;
     if ((v.Count() > 0 && v.data == nullptr) || !v.Addressable()) return Refuse(__LINE__);
     if (r != kX && !v.Contiguous()) return Refuse(__LINE__);
   }
   for (int o = kFirstOutput; o < kRoles; ++o) {
     for (int r = 0; r < kRoles; ++r) {
-      if (r != o && Overlap(c.views[o], c.views[r])) return Refuse(__LINE__);
+      if (r != o && used(o) && used(r) && Overlap(c.views[o], c.views[r])) return Refuse(__LINE__);
     }
   }
   std::vector<int64_t> values(static_cast<size_t>(slots));
@@ -99,7 +111,8 @@ GK_FUZZ_NO_COVERAGE void CheckResult(const Call& c) {
   const View& idx = c.views[kRowIdx];
   const View& groups = c.views[kGroupList];
   const auto ref = gk::MoeInitRoutingReference(experts, c.expert_num, c.capacity);
-  const int64_t h = x.dims[1], top_k = c.views[kExpertIdx].dims[1], rows = ex.dims[0];
+  const int64_t h = x.dims[1], top_k = c.views[kExpertIdx].dims[1];
+  const int64_t rows = ex.present ? ex.dims[0] : 0;  // index-only: no expandedX to check
   const auto row_bytes = static_cast<size_t>(h * BytesOf(x.dtype));
   const std::vector<uint8_t> zeros(row_bytes, 0);
   for (int64_t i = 0; i < rows; ++i) {
@@ -234,6 +247,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FillIndex(call, e, experts);
   const uint8_t nulls = in.U8();
   for (int r = 0; r < kRoles; ++r) call.views[r].present = !(nulls >= 240 && (nulls % 8) == r);
+  if (((bits >> 2) & 7) == 7) ex.present = false;  // index-only routing
   const bool null_size = nulls >= 240 && (nulls % 8) == 5;
   const bool null_executor = nulls >= 240 && (nulls % 8) == 6;
   const uint8_t phase2 = in.U8();
@@ -275,8 +289,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                   "phase 2 failed after phase 1 succeeded: %s", gkGetRecentErrMsg());
     workspace.CheckGuards("workspace");
     const auto after = gk::fuzz::Snapshot(call);
-    for (int r = 0; r < kFirstOutput; ++r) {
-      if (call.views[r].buffer >= 0) {
+    for (int r = 0; r < kRoles; ++r) {  // the inputs, and expandedX's memory when not passed
+      if ((r < kFirstOutput || !call.views[r].present) && call.views[r].buffer >= 0) {
         GK_FUZZ_CHECK(after[call.views[r].buffer] == before[call.views[r].buffer],
                       "phase 2 changed input %d", r);
       }
