@@ -34,3 +34,34 @@ gkStatus gkFuzzGroupedMatmulWeightGradGetWorkspaceSize(
                                                    (gkRowIdxType)rowIdxType, topK, gradWeight,
                                                    workspaceSize, executor);
 }
+
+gkStatus gkFuzzMoeInitRoutingGetWorkspaceSize(const gkTensor* x, const gkTensor* expertIdx,
+                                              int64_t expertCapacity, int64_t expertNum,
+                                              int32_t groupListType, int32_t rowIdxType,
+                                              gkTensor* expandedX, gkTensor* expandedRowIdx,
+                                              gkTensor* groupList, uint64_t* workspaceSize,
+                                              gkOpExecutor** executor) {
+  return gkMoeInitRoutingGetWorkspaceSize(x, expertIdx, expertCapacity, expertNum,
+                                          (gkGroupListType)groupListType,
+                                          (gkRowIdxType)rowIdxType, expandedX, expandedRowIdx,
+                                          groupList, workspaceSize, executor);
+}
+
+gkStatus gkFuzzMoeFinalizeRoutingGetWorkspaceSize(const gkTensor* expandedY, const gkTensor* probs,
+                                                  const gkTensor* expandedRowIdx,
+                                                  int32_t rowIdxType, gkTensor* out,
+                                                  uint64_t* workspaceSize,
+                                                  gkOpExecutor** executor) {
+  return gkMoeFinalizeRoutingGetWorkspaceSize(expandedY, probs, expandedRowIdx,
+                                              (gkRowIdxType)rowIdxType, out, workspaceSize,
+                                              executor);
+}
+
+gkStatus gkFuzzMoeFinalizeRoutingGradGetWorkspaceSize(
+    const gkTensor* gradOut, const gkTensor* expandedY, const gkTensor* probs,
+    const gkTensor* expandedRowIdx, int32_t rowIdxType, gkTensor* gradExpandedY,
+    gkTensor* gradProbs, uint64_t* workspaceSize, gkOpExecutor** executor) {
+  return gkMoeFinalizeRoutingGradGetWorkspaceSize(gradOut, expandedY, probs, expandedRowIdx,
+                                                  (gkRowIdxType)rowIdxType, gradExpandedY,
+                                                  gradProbs, workspaceSize, executor);
+}

@@ -31,6 +31,24 @@ gkStatus gkFuzzGroupedMatmulWeightGradGetWorkspaceSize(
     const gkTensor* expandedRowIdx, int32_t rowIdxType, int64_t topK, gkTensor* gradWeight,
     uint64_t* workspaceSize, gkOpExecutor** executor);
 
+gkStatus gkFuzzMoeInitRoutingGetWorkspaceSize(const gkTensor* x, const gkTensor* expertIdx,
+                                              int64_t expertCapacity, int64_t expertNum,
+                                              int32_t groupListType, int32_t rowIdxType,
+                                              gkTensor* expandedX, gkTensor* expandedRowIdx,
+                                              gkTensor* groupList, uint64_t* workspaceSize,
+                                              gkOpExecutor** executor);
+
+gkStatus gkFuzzMoeFinalizeRoutingGetWorkspaceSize(const gkTensor* expandedY, const gkTensor* probs,
+                                                  const gkTensor* expandedRowIdx,
+                                                  int32_t rowIdxType, gkTensor* out,
+                                                  uint64_t* workspaceSize,
+                                                  gkOpExecutor** executor);
+
+gkStatus gkFuzzMoeFinalizeRoutingGradGetWorkspaceSize(
+    const gkTensor* gradOut, const gkTensor* expandedY, const gkTensor* probs,
+    const gkTensor* expandedRowIdx, int32_t rowIdxType, gkTensor* gradExpandedY,
+    gkTensor* gradProbs, uint64_t* workspaceSize, gkOpExecutor** executor);
+
 #ifdef __cplusplus
 }
 #endif

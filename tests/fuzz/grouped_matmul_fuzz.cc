@@ -28,96 +28,12 @@
 namespace {
 
 using gk::DType;
-using gk::fuzz::ByteReader;
-using gk::fuzz::GuardedBuffer;
-
-constexpr int64_t kMaxBackedBytes = int64_t{1} << 14;
-constexpr int32_t kFloatDTypes[] = {GK_FLOAT, GK_FLOAT16, GK_BF16, GK_FLOAT, GK_FLOAT16, GK_BF16,
-                                    GK_INT32, GK_DOUBLE, -1,      1000};
-constexpr int32_t kAnyDTypes[] = {GK_INT64, GK_INT32, GK_FLOAT, GK_FLOAT16, GK_BF16, GK_DOUBLE, 2, -7};
-constexpr int64_t kIndexValues[] = {-1, -2, 0, 1, std::numeric_limits<int64_t>::min(),
-                                    std::numeric_limits<int64_t>::max(), int64_t{1} << 32,
-                                    (int64_t{1} << 31) - 1, -(int64_t{1} << 31)};
-
-int64_t BytesOf(int32_t dtype) {
-  return gk::IsKnownDType(dtype) ? gk::ElementBytes(static_cast<DType>(dtype)) : 4;
-}
-
-uint8_t* Offset(uint8_t* p, __int128 bytes) {
-  return reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes));
-}
-
-struct View {
-  bool present = true;
-  int32_t dtype = GK_FLOAT;
-  int rank = 0;
-  int64_t dims[4] = {};
-  bool explicit_strides = false;
-  int64_t strides[4] = {};
-  int64_t offset = 0;
-  int buffer = -1;
-  uint8_t* data = nullptr;
-  bool backed = false;
-  gkTensor* tensor = nullptr;
-
-  int64_t Stride(int d) const {
-    if (explicit_strides) return strides[d];
-    uint64_t stride = 1;
-    for (int e = rank - 1; e > d; --e) stride *= static_cast<uint64_t>(std::max<int64_t>(dims[e], 1));
-    return static_cast<int64_t>(stride);
-  }
-  __int128 Count() const {
-    __int128 n = 1;
-    for (int d = 0; d < rank; ++d) {
-      if (dims[d] <= 0) return 0;
-      constexpr __int128 kHuge = static_cast<__int128>(1) << 70;
-      n = n > kHuge / dims[d] ? kHuge : std::min<__int128>(n * dims[d], kHuge);
-    }
-    return n;
-  }
-  // [low, high] addressed element offsets; false when empty.
-  bool Extent(__int128* low, __int128* high) const {
-    if (Count() == 0) return false;
-    constexpr __int128 kHuge = static_cast<__int128>(1) << 70;
-    __int128 lo = offset, hi = offset;
-    for (int d = 0; d < rank; ++d) {
-      const __int128 span = std::clamp(static_cast<__int128>(dims[d] - 1) * Stride(d), -kHuge, kHuge);
-      (span < 0 ? lo : hi) += span;
-    }
-    *low = lo;
-    *high = hi;
-    return true;
-  }
-  // The header's "addressable": element offsets times the element size fit in int64, and the
-  // bytes lie inside the 64-bit address space.
-  bool Addressable() const {
-    __int128 low, high;
-    if (!Extent(&low, &high)) return true;
-    const __int128 max = std::numeric_limits<int64_t>::max(), min = std::numeric_limits<int64_t>::min();
-    const __int128 first = low * BytesOf(dtype), end = (high + 1) * BytesOf(dtype);
-    if (first < min || first > max || end < min || end > max) return false;
-    const auto base = static_cast<__int128>(reinterpret_cast<uintptr_t>(data));
-    return base + first >= 0 && base + end <= static_cast<__int128>(UINTPTR_MAX);
-  }
-  bool Contiguous() const {
-    int64_t expected = 1;
-    for (int d = rank - 1; d >= 0; --d) {
-      if (dims[d] != 1 && Stride(d) != expected) return false;
-      expected = static_cast<int64_t>(static_cast<uint64_t>(expected) * static_cast<uint64_t>(dims[d]));
-    }
-    return true;
-  }
-  // Element i of a dense view (checked Contiguous and backed by the caller).
-  uint8_t* At(int64_t i) const {
-    return Offset(data, (static_cast<__int128>(offset) + i) * BytesOf(dtype));
-  }
-};
+// The shared views, memory and checks (fuzz_support.h).
+using namespace gk::fuzz;  // NOLINT(build/namespaces)
 
 enum Role { kX, kOperand, kRowIdx, kGroupList, kOut, kRoles };
 
-struct Call {
-  std::vector<std::unique_ptr<GuardedBuffer>> buffers;
-  GuardedBuffer dangling{0};
+struct Call : gk::fuzz::GuardedMemory {
   View views[kRoles];
   bool weight_grad = false;
   bool gather_fused = false;  // expandedRowIdx passed (views[kRowIdx].present)
@@ -127,57 +43,6 @@ struct Call {
   bool exact_values = true;
 };
 
-GK_FUZZ_NO_COVERAGE void Back(Call& call, View& v, bool null_data) {
-  if (null_data) {
-    v.data = nullptr;
-    v.backed = v.Count() == 0;
-    return;
-  }
-  __int128 low, high;
-  if (!v.Extent(&low, &high)) {
-    v.data = call.dangling.data();
-    v.backed = true;
-    return;
-  }
-  const __int128 bytes = (high - low + 1) * BytesOf(v.dtype);
-  if (bytes > kMaxBackedBytes) {
-    v.data = call.dangling.data();
-    v.backed = false;
-    return;
-  }
-  call.buffers.push_back(std::make_unique<GuardedBuffer>(static_cast<size_t>(bytes)));
-  v.buffer = static_cast<int>(call.buffers.size()) - 1;
-  v.data = Offset(call.buffers.back()->data(), -low * BytesOf(v.dtype));
-  v.backed = true;
-}
-
-// The output placed on an input's buffer (shifted): must be refused, and must never be written.
-void Share(Call& call, View& v, const View& owner, int64_t shift_bytes) {
-  v.buffer = owner.buffer;
-  v.backed = false;
-  v.data = owner.buffer < 0 ? owner.data : Offset(owner.data, shift_bytes);
-  __int128 low, high;
-  if (owner.buffer < 0 || !v.Extent(&low, &high)) return;
-  const GuardedBuffer& b = *call.buffers[v.buffer];
-  const auto start = static_cast<__int128>(static_cast<intptr_t>(
-      reinterpret_cast<uintptr_t>(v.data) - reinterpret_cast<uintptr_t>(b.data())));
-  v.backed = start + low * BytesOf(v.dtype) >= 0 &&
-             start + (high + 1) * BytesOf(v.dtype) <= static_cast<__int128>(b.size());
-}
-
-int64_t IndexAt(const View& v, int64_t i) {
-  if (v.dtype == GK_INT32) {
-    int32_t value;
-    std::memcpy(&value, v.At(i), 4);
-    return value;
-  }
-  int64_t value;
-  std::memcpy(&value, v.At(i), 8);
-  return value;
-}
-
-bool IsFloat(int32_t dtype) { return dtype == GK_FLOAT || dtype == GK_FLOAT16 || dtype == GK_BF16; }
-bool IsIndex(int32_t dtype) { return dtype == GK_INT64 || dtype == GK_INT32; }
 
 // The weight's dims as W[g] = [K, N] and whether its storage is [G, N, K]; false unless the view
 // is C-contiguous or the transposed view of a C-contiguous buffer of the other layout.
@@ -206,12 +71,6 @@ int64_t WeightAt(const Call& c, int64_t g, int64_t k, int64_t n) {
 struct Sizes {
   int64_t m, g, k, n, batch;
 };
-
-// With GK_FUZZ_DEBUG set, says which rule of the contract a call breaks.
-bool Refuse(int line) {
-  if (std::getenv("GK_FUZZ_DEBUG")) std::fprintf(stderr, "contract broken at line %d\n", line);
-  return false;
-}
 
 // The header's contract, checked independently of gradkit. Only called when every view is
 // backed. allow_repeated_slots: phase 2 re-checks ranges and totals, not repeated slots.
@@ -362,29 +221,6 @@ GK_FUZZ_NO_COVERAGE std::vector<double> Reference(const Call& c, const Sizes& s)
   return out;
 }
 
-GK_FUZZ_NO_COVERAGE std::vector<std::vector<uint8_t>> Snapshot(const Call& call) {
-  std::vector<std::vector<uint8_t>> out;
-  for (const auto& b : call.buffers) out.push_back(b->Snapshot());
-  return out;
-}
-
-GK_FUZZ_NO_COVERAGE void CheckUnchanged(const Call& call,
-                                        const std::vector<std::vector<uint8_t>>& before,
-                                        const char* when, int except_buffer = -1) {
-  for (size_t i = 0; i < call.buffers.size(); ++i) {
-    call.buffers[i]->CheckGuards(when);
-    if (static_cast<int>(i) == except_buffer) continue;
-    GK_FUZZ_CHECK(call.buffers[i]->Snapshot() == before[i], "%s: buffer %zu changed", when, i);
-  }
-}
-
-void CheckFailure(gkStatus status, const char* when) {
-  GK_FUZZ_CHECK(status != GK_SUCCESS, "%s: expected an error", when);
-  const std::string message = gkGetRecentErrMsg();
-  GK_FUZZ_CHECK(!message.empty(), "%s: status %d without a message", when, static_cast<int>(status));
-  GK_FUZZ_CHECK(message.find('\n') == std::string::npos, "%s: message spans lines", when);
-}
-
 GK_FUZZ_NO_COVERAGE void CheckResult(const Call& call) {
   Sizes s{};
   if (!call.exact_values || !MeetsContract(call, false, false, &s)) return;
@@ -397,41 +233,6 @@ GK_FUZZ_NO_COVERAGE void CheckResult(const Call& call) {
     const double got = gk::LoadAsF32(out.At(static_cast<int64_t>(i)), 0, out_dtype);
     GK_FUZZ_CHECK(got == expected, "output[%zu] = %.9g, reference %.9g", i, got, expected);
   }
-}
-
-struct Routing {
-  std::vector<int64_t> group_list;
-  std::vector<int64_t> row_idx;
-};
-
-// A valid routing for the sizes: rows spread over experts, slots (or rows) permuted.
-GK_FUZZ_NO_COVERAGE Routing MakeRouting(ByteReader& in, int64_t m, int64_t g, int64_t slots,
-                                        int64_t row_idx_type, int32_t group_list_type,
-                                        int64_t extra) {
-  Routing r;
-  uint64_t state = in.U64() | 1;
-  const auto next = [&] {
-    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
-    return state;
-  };
-  std::vector<int64_t> counts(static_cast<size_t>(g), 0);
-  for (int64_t i = 0; i < m; ++i) ++counts[next() % g];
-  int64_t running = 0;
-  for (int64_t e = 0; e < g; ++e) {
-    running += counts[e];
-    r.group_list.push_back(group_list_type == 1 ? running : counts[e]);
-  }
-  std::vector<int64_t> slot_of(static_cast<size_t>(slots));
-  for (int64_t p = 0; p < slots; ++p) slot_of[p] = p;
-  for (int64_t p = slots - 1; p > 0; --p) std::swap(slot_of[p], slot_of[next() % (p + 1)]);
-  if (row_idx_type == 1) {
-    r.row_idx.assign(static_cast<size_t>(slots), -1);
-    for (int64_t i = 0; i < m; ++i) r.row_idx[slot_of[i]] = i;
-  } else {
-    for (int64_t i = 0; i < m; ++i) r.row_idx.push_back(slot_of[i]);
-    for (int64_t i = 0; i < extra; ++i) r.row_idx.push_back(static_cast<int64_t>(next() % 7) - 3);
-  }
-  return r;
 }
 
 void Mutate(ByteReader& in, Call& call, Routing& r, int64_t slots, int64_t m) {
@@ -509,23 +310,6 @@ GK_FUZZ_NO_COVERAGE void FillFloats(Call& call, uint64_t state) {
   }
 }
 
-GK_FUZZ_NO_COVERAGE void FillIndex(Call& call, int role, const std::vector<int64_t>& values) {
-  View& v = call.views[role];
-  if (v.buffer < 0) return;
-  GuardedBuffer& b = *call.buffers[v.buffer];
-  const int64_t elem = BytesOf(v.dtype);
-  size_t at = 0;
-  for (size_t i = 0; i + elem <= b.size(); i += elem, ++at) {
-    const int64_t value = at < values.size() ? values[at] : 0;
-    if (elem == 4) {
-      const auto narrow = static_cast<int32_t>(value);
-      std::memcpy(b.data() + i, &narrow, 4);
-    } else {
-      std::memcpy(b.data() + i, &value, static_cast<size_t>(std::min<int64_t>(elem, 8)));
-    }
-  }
-}
-
 gkStatus RunPhase2(const Call& call, void* workspace, uint64_t size, gkOpExecutor* executor) {
   return call.weight_grad ? gkGroupedMatmulWeightGrad(workspace, size, executor, nullptr)
                           : gkGroupedMatmul(workspace, size, executor, nullptr);
@@ -593,8 +377,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (memory >= 224) Share(call, out, call.views[in.Range(0, kGroupList)], in.Range(-16, 16));
   call.exact_values = in.U8() < 224;
   FillFloats(call, in.U64() | 1);
-  FillIndex(call, kRowIdx, routing.row_idx);
-  FillIndex(call, kGroupList, routing.group_list);
+  FillIndex(call, call.views[kRowIdx], routing.row_idx);
+  FillIndex(call, call.views[kGroupList], routing.group_list);
   const uint8_t nulls = in.U8();
   for (int r = 0; r < kRoles; ++r) {
     if (r != kRowIdx) call.views[r].present = !(nulls >= 240 && (nulls & 7) == r);
@@ -707,7 +491,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::vector<int64_t>& values = in_group_list ? routing.group_list : routing.row_idx;
       if (!values.empty()) {
         values[static_cast<size_t>(corrupt_at) % values.size()] = corrupt_value;
-        FillIndex(call, in_group_list ? kGroupList : kRowIdx, values);
+        FillIndex(call, call.views[in_group_list ? kGroupList : kRowIdx], values);
         const auto changed = Snapshot(call);
         const gkStatus rerun = RunPhase2(call, ws, workspace_size, executor);
         if (rerun != GK_SUCCESS) {

@@ -16,14 +16,9 @@
 #include "gradkit/gradkit.h"
 #include "ops/grouped_matmul/grouped_matmul_ref.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_ref.h"
+#include "tests/ops/op_test_support.h"
 
 namespace gk::testing {
-
-#if defined(__SANITIZE_ADDRESS__)
-inline constexpr bool kUnderSanitizer = true;
-#else
-inline constexpr bool kUnderSanitizer = false;
-#endif
 
 struct GmmCase {
   std::string name;
@@ -98,31 +93,6 @@ struct GmmOptions {
   bool out_f32 = true;  // else x's dtype
   WeightForm weight_form = WeightForm::kGkn;
   int32_t threads = 0;  // 0: the configured default
-};
-
-inline std::vector<uint8_t> IndexBytes(const std::vector<int64_t>& values, DType dtype) {
-  std::vector<uint8_t> out(values.size() * ElementBytes(dtype));
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (dtype == DType::kI32) {
-      const auto v = static_cast<int32_t>(values[i]);
-      std::memcpy(out.data() + 4 * i, &v, 4);
-    } else {
-      std::memcpy(out.data() + 8 * i, &values[i], 8);
-    }
-  }
-  return out;
-}
-
-struct TensorGuard {
-  gkTensor* t = nullptr;
-  TensorGuard(std::vector<int64_t> dims, DType dtype, const void* data,
-              const std::vector<int64_t>& strides = {}) {
-    t = gkCreateTensor(dims.data(), dims.size(), static_cast<gkDataType>(dtype),
-                       strides.empty() ? nullptr : strides.data(), 0, const_cast<void*>(data));
-  }
-  ~TensorGuard() { gkDestroyTensor(t); }
-  TensorGuard(const TensorGuard&) = delete;
-  TensorGuard& operator=(const TensorGuard&) = delete;
 };
 
 // [G, A, B] -> [G, B, A] of elem-byte elements.

@@ -1,5 +1,5 @@
 // Shared by the MoeInitRouting and MoeFinalizeRouting tests: routings (skewed, with empty
-// experts), float data in any dtype, index arrays in either index dtype, and tensors.
+// experts) and float data in any dtype (tensors and index arrays: tests/ops/op_test_support.h).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "gradkit/gradkit.h"
+#include "tests/ops/op_test_support.h"
 
 namespace gk::testing {
 
@@ -39,33 +40,6 @@ inline std::vector<int64_t> MakeExpertIdx(const RoutingSpec& s) {
     while (banned[e]);
   }
   return idx;
-}
-
-inline std::vector<uint8_t> IndexBytes(const std::vector<int64_t>& values, DType dtype) {
-  std::vector<uint8_t> out(values.size() * ElementBytes(dtype));
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (dtype == DType::kI32) {
-      const auto v = static_cast<int32_t>(values[i]);
-      std::memcpy(out.data() + 4 * i, &v, 4);
-    } else {
-      std::memcpy(out.data() + 8 * i, &values[i], 8);
-    }
-  }
-  return out;
-}
-
-inline std::vector<int64_t> IndexValues(const std::vector<uint8_t>& bytes, DType dtype) {
-  std::vector<int64_t> out(bytes.size() / ElementBytes(dtype));
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (dtype == DType::kI32) {
-      int32_t v;
-      std::memcpy(&v, bytes.data() + 4 * i, 4);
-      out[i] = v;
-    } else {
-      std::memcpy(&out[i], bytes.data() + 8 * i, 8);
-    }
-  }
-  return out;
 }
 
 // Float data in a dtype, and the values as the operator sees them.
@@ -99,30 +73,5 @@ inline std::vector<float> ToFloats(const std::vector<uint8_t>& bytes, DType dtyp
   for (size_t i = 0; i < out.size(); ++i) out[i] = LoadAsF32(bytes.data(), i, dtype);
   return out;
 }
-
-struct TensorGuard {
-  gkTensor* t = nullptr;
-  TensorGuard(std::vector<int64_t> dims, DType dtype, const void* data,
-              const std::vector<int64_t>& strides = {}) {
-    t = gkCreateTensor(dims.data(), dims.size(), static_cast<gkDataType>(dtype),
-                       strides.empty() ? nullptr : strides.data(), 0, const_cast<void*>(data));
-  }
-  ~TensorGuard() { gkDestroyTensor(t); }
-  TensorGuard(const TensorGuard&) = delete;
-  TensorGuard& operator=(const TensorGuard&) = delete;
-};
-
-// Phase 2 of any operator after a successful phase 1, with a workspace of the size asked for.
-template <typename Run>
-gkStatus RunPlanned(gkOpExecutor* executor, uint64_t workspace_size, Run run) {
-  std::vector<uint8_t> workspace(workspace_size);
-  return run(workspace.data(), workspace_size, executor, nullptr);
-}
-
-// Sets the thread count for a scope.
-struct ThreadsScope {
-  explicit ThreadsScope(int32_t threads) { EXPECT_EQ(gkSetNumThreads(threads), GK_SUCCESS); }
-  ~ThreadsScope() { gkSetNumThreads(0); }
-};
 
 }  // namespace gk::testing

@@ -13,14 +13,9 @@
 #include "core/dtype.h"
 #include "gradkit/gradkit.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_ref.h"
+#include "tests/ops/op_test_support.h"
 
 namespace gk::testing {
-
-#if defined(__SANITIZE_ADDRESS__)
-inline constexpr bool kUnderSanitizer = true;
-#else
-inline constexpr bool kUnderSanitizer = false;
-#endif
 
 struct MoeCase {
   std::string name;
@@ -80,38 +75,12 @@ struct MoeRunOptions {
   bool weight_nk = false;            // weight stored [G, N, K], passed as its transposed view
 };
 
-// The index arrays of a routing, as the options ask.
-inline std::vector<uint8_t> IndexBytes(const std::vector<int64_t>& values, DType dtype) {
-  std::vector<uint8_t> out(values.size() * ElementBytes(dtype));
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (dtype == DType::kI32) {
-      const auto v = static_cast<int32_t>(values[i]);
-      std::memcpy(out.data() + 4 * i, &v, 4);
-    } else {
-      std::memcpy(out.data() + 8 * i, &values[i], 8);
-    }
-  }
-  return out;
-}
-
 inline std::vector<int64_t> ExpandedRowIdx(const MoeInputs& in, const MoeRunOptions& o) {
   if (o.row_idx_type == 1) return in.routing.scatter_idx;
   std::vector<int64_t> idx = in.routing.gather_idx;
   for (int64_t j = 0; j < o.extra_gather_entries; ++j) idx.push_back(j % 2 ? -5 : 1 << 30);
   return idx;
 }
-
-struct TensorGuard {
-  gkTensor* t = nullptr;
-  TensorGuard(std::vector<int64_t> dims, DType dtype, const void* data,
-              const std::vector<int64_t>& strides = {}) {
-    t = gkCreateTensor(dims.data(), dims.size(), static_cast<gkDataType>(dtype),
-                       strides.empty() ? nullptr : strides.data(), 0, const_cast<void*>(data));
-  }
-  ~TensorGuard() { gkDestroyTensor(t); }
-  TensorGuard(const TensorGuard&) = delete;
-  TensorGuard& operator=(const TensorGuard&) = delete;
-};
 
 // Runs the operator; gradX starts filled with NaN so that unwritten elements show.
 inline std::vector<float> RunMoeGrad(const MoeInputs& in, const MoeRunOptions& o = {}) {

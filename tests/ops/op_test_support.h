@@ -1,0 +1,76 @@
+// Shared by the operator tests: C API tensors that free themselves, index arrays in either index
+// dtype, a thread-count scope and phase 2 with the workspace phase 1 asked for.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/dtype.h"
+#include "gradkit/gradkit.h"
+
+namespace gk::testing {
+
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kUnderSanitizer = true;
+#else
+inline constexpr bool kUnderSanitizer = false;
+#endif
+
+// values as GK_INT32 or GK_INT64 bytes (int32 keeps the low half).
+inline std::vector<uint8_t> IndexBytes(const std::vector<int64_t>& values, DType dtype) {
+  std::vector<uint8_t> out(values.size() * ElementBytes(dtype));
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (dtype == DType::kI32) {
+      const auto v = static_cast<int32_t>(values[i]);
+      std::memcpy(out.data() + 4 * i, &v, 4);
+    } else {
+      std::memcpy(out.data() + 8 * i, &values[i], 8);
+    }
+  }
+  return out;
+}
+
+inline std::vector<int64_t> IndexValues(const std::vector<uint8_t>& bytes, DType dtype) {
+  std::vector<int64_t> out(bytes.size() / ElementBytes(dtype));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (dtype == DType::kI32) {
+      int32_t v;
+      std::memcpy(&v, bytes.data() + 4 * i, 4);
+      out[i] = v;
+    } else {
+      std::memcpy(&out[i], bytes.data() + 8 * i, 8);
+    }
+  }
+  return out;
+}
+
+// A gkTensor over caller-owned data, destroyed with the scope.
+struct TensorGuard {
+  gkTensor* t = nullptr;
+  TensorGuard(std::vector<int64_t> dims, DType dtype, const void* data,
+              const std::vector<int64_t>& strides = {}) {
+    t = gkCreateTensor(dims.data(), dims.size(), static_cast<gkDataType>(dtype),
+                       strides.empty() ? nullptr : strides.data(), 0, const_cast<void*>(data));
+  }
+  ~TensorGuard() { gkDestroyTensor(t); }
+  TensorGuard(const TensorGuard&) = delete;
+  TensorGuard& operator=(const TensorGuard&) = delete;
+};
+
+// Phase 2 of any operator after a successful phase 1, with a workspace of the size asked for.
+template <typename Run>
+gkStatus RunPlanned(gkOpExecutor* executor, uint64_t workspace_size, Run run) {
+  std::vector<uint8_t> workspace(workspace_size);
+  return run(workspace.data(), workspace_size, executor, nullptr);
+}
+
+// Sets the thread count for a scope.
+struct ThreadsScope {
+  explicit ThreadsScope(int32_t threads) { EXPECT_EQ(gkSetNumThreads(threads), GK_SUCCESS); }
+  ~ThreadsScope() { gkSetNumThreads(0); }
+};
+
+}  // namespace gk::testing
