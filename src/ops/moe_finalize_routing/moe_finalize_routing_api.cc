@@ -61,9 +61,9 @@ class MoeFinalizeExecutor final : public gkOpExecutor {
         const int64_t end = std::min(plan_.shape.batch, begin + plan_.tokens_per_unit);
         for (int64_t b = begin; b < end; ++b) {
           if (plan_.shape.backward) {
-            BackwardToken(b, slot_row);
+            BackwardToken(b, end, slot_row);
           } else {
-            ForwardToken(b, slot_row, acc_row);
+            ForwardToken(b, end, slot_row, acc_row);
           }
         }
       }
@@ -77,12 +77,25 @@ class MoeFinalizeExecutor final : public gkOpExecutor {
   }
   float Prob(int64_t slot) const { return LoadAsF32(Base(probs_), slot, probs_.dtype); }
 
+  // The expandedY rows of the first `most` kept slots in [p, p_end): what a kernel call
+  // prefetches for the next one. Returns how many.
+  int64_t KeptRows(int64_t p, int64_t p_end, const int64_t* slot_row, const void** rows,
+                   int64_t most) const {
+    int64_t count = 0;
+    for (; p < p_end && count < most; ++p) {
+      if (slot_row[p] >= 0) rows[count++] = Row(y_, slot_row[p]);
+    }
+    return count;
+  }
+
   // out[b] = sum over j of probs[b, j] * expandedY[row(b * topK + j)], ascending j: the kept
   // slots in calls of up to kMoeFinalizeForwardSlots, the partial sums between calls in acc_row.
-  void ForwardToken(int64_t b, const int64_t* slot_row, float* acc_row) const {
+  // The next token's rows (of this unit) are prefetched during the last call.
+  void ForwardToken(int64_t b, int64_t end, const int64_t* slot_row, float* acc_row) const {
     const MoeFinalizeShape& s = plan_.shape;
     const void* rows[kMoeFinalizeForwardSlots];
     float probs[kMoeFinalizeForwardSlots];
+    const void* next[kMoeFinalizeForwardSlots];
     MoeFinalizeSumArgs args{s.dtype, rows, probs, 0, s.n, nullptr, acc_row, s.token_dtype, nullptr};
     for (int64_t p = b * s.top_k; p < (b + 1) * s.top_k; ++p) {
       const int64_t row = slot_row[p];
@@ -97,20 +110,36 @@ class MoeFinalizeExecutor final : public gkOpExecutor {
       ++args.count;
     }
     args.out = Row(out_, b);
+    if (b + 1 < end) {
+      args.next_rows = next;
+      args.next_count = KeptRows((b + 1) * s.top_k, (b + 2) * s.top_k, slot_row, next,
+                                 kMoeFinalizeForwardSlots);
+    }
     MoeFinalizeWeightedSum(args);
   }
 
   // gradProbs[b, j] = gradOut[b] . expandedY[row]; gradExpandedY[row] = probs[b, j] * gradOut[b]:
   // the kept slots in calls of up to kMoeFinalizeBackwardSlots; dropped slots get 0.
-  void BackwardToken(int64_t b, const int64_t* slot_row) const {
+  // Each call prefetches the rows of the next kept slots of the unit (and the next token's
+  // gradOut row when they reach into it).
+  void BackwardToken(int64_t b, int64_t end, const int64_t* slot_row) const {
     const MoeFinalizeShape& s = plan_.shape;
     const void* y_rows[kMoeFinalizeBackwardSlots];
     void* grad_y_rows[kMoeFinalizeBackwardSlots];
     float probs[kMoeFinalizeBackwardSlots], grad_probs[kMoeFinalizeBackwardSlots];
     int64_t slots[kMoeFinalizeBackwardSlots];
+    const void* next[kMoeFinalizeBackwardSlots];
     MoeFinalizeGradArgs args{s.token_dtype, Row(grad_out_, b), s.dtype, y_rows, probs, 0, s.n,
                              s.grad_y_dtype, grad_y_rows, grad_probs};
+    args.next_rows = next;
+    const int64_t slot_end = end * s.top_k;
     const auto flush = [&] {
+      const int64_t after = slots[args.count - 1] + 1;
+      args.next_count = KeptRows(after, slot_end, slot_row, next, kMoeFinalizeBackwardSlots);
+      // The next call is the next token's when no kept slot of this one is left.
+      bool token_done = true;
+      for (int64_t p = after; p < (b + 1) * s.top_k; ++p) token_done = token_done && slot_row[p] < 0;
+      args.next_grad_out = token_done && b + 1 < end ? Row(grad_out_, b + 1) : nullptr;
       MoeFinalizeGradSlots(args);
       for (int64_t i = 0; i < args.count; ++i) {
         StoreFromF32(Base(grad_probs_), slots[i], s.grad_probs_dtype, grad_probs[i]);

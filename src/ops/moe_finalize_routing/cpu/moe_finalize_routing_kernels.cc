@@ -3,7 +3,10 @@
 #define HWY_TARGET_INCLUDE "ops/moe_finalize_routing/cpu/moe_finalize_routing_kernels.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
+
+#include <cstdint>
 
 #include "core/cpu/convert-inl.h"
 #include "ops/moe_finalize_routing/cpu/moe_finalize_routing_kernels.h"
@@ -32,6 +35,15 @@ void WithStorage(DType dtype, const F& f) {
   }
 }
 
+// Prefetches the lines of `count` rows that hold elements [j, j + elems).
+template <class Storage>
+HWY_INLINE void PrefetchRows(const void* const* rows, int64_t count, int64_t j, int64_t elems) {
+  for (int64_t s = 0; s < count; ++s) {
+    const auto* row = AsLanes<Storage>(rows[s]) + j;
+    for (int64_t e = 0; e < elems; e += 64 / static_cast<int64_t>(sizeof(*row))) hwy::Prefetch(row + e);
+  }
+}
+
 // Two vectors of columns per step (the sums of different columns are independent, so this
 // changes no result), then one vector, then the scalar tail.
 template <class Y, class Out>
@@ -43,6 +55,7 @@ void WeightedSumT(const MoeFinalizeSumArgs& a) {
   const auto start = [&](int64_t j) { return a.acc_in ? hn::LoadU(df, a.acc_in + j) : hn::Zero(df); };
   int64_t j = 0;
   for (; j + 2 * lanes <= n; j += 2 * lanes) {
+    PrefetchRows<Y>(a.next_rows, a.next_count, j, 2 * lanes);
     auto acc0 = start(j), acc1 = start(j + lanes);
     for (int64_t s = 0; s < a.count; ++s) {
       const auto* row = AsLanes<Y>(a.rows[s]);
@@ -115,6 +128,8 @@ void GradSlotsT(const MoeFinalizeGradArgs& a) {
   auto sum0 = hn::Zero(df), sum1 = hn::Zero(df), sum2 = hn::Zero(df), sum3 = hn::Zero(df);
   int64_t j = 0;
   for (; j + lanes <= n; j += lanes) {
+    PrefetchRows<Y>(a.next_rows, a.next_count, j, lanes);
+    if (a.next_grad_out != nullptr) PrefetchRows<G>(&a.next_grad_out, 1, j, lanes);
     const auto g = LoadAsF32<G>(df, g_row + j);
     sum0 = hn::Add(sum0, hn::Mul(g, LoadAsF32<Y>(df, y0 + j)));
     StoreFromF32<GY>(df, hn::Mul(p0, g), gy0 + j);

@@ -31,6 +31,10 @@ struct MoeFinalizeSumArgs {
   float* acc_out;
   DType out_dtype;
   void* out;
+  // Rows (of y_dtype, n elements) the next call will read: prefetched in step with these
+  // (memory is then fetched ahead instead of the next rows' first lines waiting).
+  const void* const* next_rows = nullptr;
+  int64_t next_count = 0;
 };
 void MoeFinalizeWeightedSum(const MoeFinalizeSumArgs& args);
 
@@ -51,6 +55,10 @@ struct MoeFinalizeGradArgs {
   DType grad_y_dtype;
   void* const* grad_y_rows;
   float* grad_probs;
+  // As MoeFinalizeSumArgs: y rows (and gradOut's row, when it changes) the next call reads.
+  const void* const* next_rows = nullptr;
+  int64_t next_count = 0;
+  const void* next_grad_out = nullptr;
 };
 void MoeFinalizeGradSlots(const MoeFinalizeGradArgs& args);
 
