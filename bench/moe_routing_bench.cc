@@ -137,7 +137,7 @@ std::string MoeRoutingBenchJson(const MoeRoutingBenchResult& r) {
   return fmt::format(
       "{{\"bench\": \"moe-routing\", \"op\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", "
       "\"batch\": {}, \"topK\": {}, \"G\": {}, \"H\": {}, \"M\": {}, \"threads\": {}, "
-      "\"bytes\": {}, \"gbps\": {:.2f}, \"copy_gbps\": {:.2f}, \"vs_copy\": {:.3f}}}",
+      "\"bytes\": {}, \"gbps\": {:.4f}, \"copy_gbps\": {:.4f}, \"vs_copy\": {:.3f}}}",
       r.op, r.c.shape, DTypeName(r.c.dtype), r.c.batch, r.c.top_k, r.c.g, r.c.h, r.m, r.c.threads,
       r.bytes, r.gbps, r.copy_gbps, r.gbps / r.copy_gbps);
 }
