@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -54,6 +55,41 @@ void FillUniform(float* data, int64_t n, float low, float high, uint64_t seed) {
   std::mt19937_64 generator(seed);
   std::uniform_real_distribution<float> distribution(low, high);
   for (int64_t i = 0; i < n; ++i) data[i] = distribution(generator);
+}
+
+void Check(gkStatus status) {
+  if (status != GK_SUCCESS) throw std::runtime_error(gkGetRecentErrMsg());
+}
+
+std::vector<uint8_t> HashedBuffer(int64_t elems, DType dtype, uint64_t seed, int32_t threads) {
+  std::vector<uint8_t> out(static_cast<size_t>(elems * ElementBytes(dtype)));
+  constexpr int64_t kBlock = 1 << 20;
+  ParallelFor(threads, (elems + kBlock - 1) / kBlock, [&](int64_t block) {
+    const int64_t end = std::min(elems, (block + 1) * kBlock);
+    for (int64_t i = block * kBlock; i < end; ++i) {
+      uint64_t z = (static_cast<uint64_t>(i) + seed * 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 31)) * 0x94d049bb133111ebull;
+      StoreFromF32(out.data(), i, dtype, static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
+    }
+  });
+  return out;
+}
+
+std::vector<float> ToF32(const std::vector<uint8_t>& buffer, DType dtype, int32_t threads) {
+  const int64_t elems = static_cast<int64_t>(buffer.size()) / ElementBytes(dtype);
+  std::vector<float> out(static_cast<size_t>(elems));
+  constexpr int64_t kBlock = 1 << 20;
+  ParallelFor(threads, (elems + kBlock - 1) / kBlock, [&](int64_t block) {
+    const int64_t end = std::min(elems, (block + 1) * kBlock);
+    for (int64_t i = block * kBlock; i < end; ++i) out[i] = LoadAsF32(buffer.data(), i, dtype);
+  });
+  return out;
+}
+
+TensorHandle::TensorHandle(const std::vector<int64_t>& dims, DType dtype, const void* data)
+    : t(gkCreateTensor(dims.data(), dims.size(), static_cast<gkDataType>(dtype), nullptr, 0,
+                       const_cast<void*>(data))) {
+  if (t == nullptr) throw std::runtime_error(gkGetRecentErrMsg());
 }
 
 }  // namespace gk::bench

@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
+#include "gradkit/gradkit.h"
+
 namespace gk::bench {
 
 // Runs the candidates in turn, round after round (so that a noisy neighbour slows all of them
@@ -34,5 +37,25 @@ std::string JsonNumber(std::optional<double> value, int decimals = 2);  // "null
 
 // Fills a buffer with reproducible values in [low, high) (a fixed-seed generator).
 void FillUniform(float* data, int64_t n, float low, float high, uint64_t seed);
+
+// Throws the library's message when a call failed.
+void Check(gkStatus status);
+
+// Reproducible values in [-1, 1) rounded to `dtype`, filled in parallel (weights reach 880 M
+// elements): a hash of the index, not a sequential generator.
+std::vector<uint8_t> HashedBuffer(int64_t elems, DType dtype, uint64_t seed, int32_t threads);
+
+// A buffer of `dtype` elements widened to float32, in parallel.
+std::vector<float> ToF32(const std::vector<uint8_t>& buffer, DType dtype, int32_t threads);
+
+// A dense tensor descriptor over caller-owned data, released with the handle.
+class TensorHandle {
+ public:
+  TensorHandle(const std::vector<int64_t>& dims, DType dtype, const void* data);
+  ~TensorHandle() { gkDestroyTensor(t); }
+  TensorHandle(const TensorHandle&) = delete;
+  TensorHandle& operator=(const TensorHandle&) = delete;
+  gkTensor* t;
+};
 
 }  // namespace gk::bench

@@ -24,10 +24,6 @@ std::vector<uint8_t> RandomBuffer(int64_t elems, DType dtype, float low, float h
   return out;
 }
 
-void Check(gkStatus status) {
-  if (status != GK_SUCCESS) throw std::runtime_error(gkGetRecentErrMsg());
-}
-
 }  // namespace
 
 std::vector<EluGradV2BenchCase> EluGradV2BenchCases(std::optional<int64_t> elems,

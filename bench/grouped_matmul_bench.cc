@@ -17,38 +17,6 @@
 namespace gk::bench {
 namespace {
 
-void Check(gkStatus status) {
-  if (status != GK_SUCCESS) throw std::runtime_error(gkGetRecentErrMsg());
-}
-
-// Reproducible values in [-1, 1) rounded to `dtype`, filled in parallel (S3's weights are 880 M
-// elements): a hash of the index.
-std::vector<uint8_t> HashedBuffer(int64_t elems, DType dtype, uint64_t seed, int32_t threads) {
-  std::vector<uint8_t> out(static_cast<size_t>(elems * ElementBytes(dtype)));
-  constexpr int64_t kBlock = 1 << 20;
-  ParallelFor(threads, (elems + kBlock - 1) / kBlock, [&](int64_t block) {
-    const int64_t end = std::min(elems, (block + 1) * kBlock);
-    for (int64_t i = block * kBlock; i < end; ++i) {
-      uint64_t z = (static_cast<uint64_t>(i) + seed * 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 31)) * 0x94d049bb133111ebull;
-      StoreFromF32(out.data(), i, dtype, static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
-    }
-  });
-  return out;
-}
-
-struct TensorHandle {
-  gkTensor* t;
-  TensorHandle(std::vector<int64_t> dims, DType dtype, const void* data) {
-    t = gkCreateTensor(dims.data(), dims.size(), static_cast<gkDataType>(dtype), nullptr, 0,
-                       const_cast<void*>(data));
-    if (t == nullptr) throw std::runtime_error(gkGetRecentErrMsg());
-  }
-  ~TensorHandle() { gkDestroyTensor(t); }
-  TensorHandle(const TensorHandle&) = delete;
-  TensorHandle& operator=(const TensorHandle&) = delete;
-};
-
 // One planned, repeatable executor and its workspace.
 struct PlannedRun {
   gkOpExecutor* executor = nullptr;
@@ -66,14 +34,7 @@ struct PlannedRun {
 GroupedMatmulBenchResult RunGroupedMatmulBenchCase(const MoeGradBenchCase& c, bool weight_grad,
                                                    double min_seconds) {
   const int32_t threads = c.threads;
-  MoeGradRoutingSpec spec;
-  spec.batch = c.batch;
-  spec.top_k = c.top_k;
-  spec.g = c.g;
-  spec.skew = c.skew;
-  spec.empty_experts = c.empty_experts;
-  spec.seed = 7;
-  const MoeGradRouting routing = MakeMoeGradRouting(spec);
+  const MoeGradRouting routing = MoeGradBenchRouting(c);
   const int64_t m = routing.m, n = c.n, k = c.k, g = c.g;
   const double flop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   const auto rate = [&](double seconds) { return flop / seconds / 1e9; };

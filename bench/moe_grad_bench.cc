@@ -14,49 +14,6 @@
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_ref.h"
 
 namespace gk::bench {
-namespace {
-
-void Check(gkStatus status) {
-  if (status != GK_SUCCESS) throw std::runtime_error(gkGetRecentErrMsg());
-}
-
-// Reproducible values in [-1, 1) rounded to `dtype`, filled in parallel (the weights of S3 are
-// 880 M elements): a hash of the index, not a sequential generator.
-std::vector<uint8_t> HashedBuffer(int64_t elems, DType dtype, uint64_t seed, int32_t threads) {
-  std::vector<uint8_t> out(static_cast<size_t>(elems * ElementBytes(dtype)));
-  constexpr int64_t kBlock = 1 << 20;
-  ParallelFor(threads, (elems + kBlock - 1) / kBlock, [&](int64_t block) {
-    const int64_t end = std::min(elems, (block + 1) * kBlock);
-    for (int64_t i = block * kBlock; i < end; ++i) {
-      uint64_t z = (static_cast<uint64_t>(i) + seed * 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 31)) * 0x94d049bb133111ebull;
-      const float v = static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
-      StoreFromF32(out.data(), i, dtype, v);
-    }
-  });
-  return out;
-}
-
-std::vector<float> ToF32(const std::vector<uint8_t>& buffer, DType dtype, int32_t threads) {
-  const int64_t elems = static_cast<int64_t>(buffer.size()) / ElementBytes(dtype);
-  std::vector<float> out(static_cast<size_t>(elems));
-  constexpr int64_t kBlock = 1 << 20;
-  ParallelFor(threads, (elems + kBlock - 1) / kBlock, [&](int64_t block) {
-    const int64_t end = std::min(elems, (block + 1) * kBlock);
-    for (int64_t i = block * kBlock; i < end; ++i) out[i] = LoadAsF32(buffer.data(), i, dtype);
-  });
-  return out;
-}
-
-gkTensor* Tensor(std::initializer_list<int64_t> dims, DType dtype, const void* data) {
-  const std::vector<int64_t> shape(dims);
-  gkTensor* t = gkCreateTensor(shape.data(), shape.size(), static_cast<gkDataType>(dtype), nullptr,
-                               0, const_cast<void*>(data));
-  if (t == nullptr) throw std::runtime_error(gkGetRecentErrMsg());
-  return t;
-}
-
-}  // namespace
 
 std::vector<MoeGradBenchCase> MoeGradBenchCases(const std::optional<std::string>& shape,
                                                 std::optional<DType> dtype, int32_t threads) {
@@ -79,8 +36,7 @@ std::vector<MoeGradBenchCase> MoeGradBenchCases(const std::optional<std::string>
   return cases;
 }
 
-MoeGradBenchResult RunMoeGradBenchCase(const MoeGradBenchCase& c, double min_seconds) {
-  const int32_t threads = c.threads;
+MoeGradRouting MoeGradBenchRouting(const MoeGradBenchCase& c) {
   MoeGradRoutingSpec spec;
   spec.batch = c.batch;
   spec.top_k = c.top_k;
@@ -88,7 +44,12 @@ MoeGradBenchResult RunMoeGradBenchCase(const MoeGradBenchCase& c, double min_sec
   spec.skew = c.skew;
   spec.empty_experts = c.empty_experts;
   spec.seed = 7;
-  const MoeGradRouting routing = MakeMoeGradRouting(spec);
+  return MakeMoeGradRouting(spec);
+}
+
+MoeGradBenchResult RunMoeGradBenchCase(const MoeGradBenchCase& c, double min_seconds) {
+  const int32_t threads = c.threads;
+  const MoeGradRouting routing = MoeGradBenchRouting(c);
   const int64_t m = routing.m, n = c.n, k = c.k, g = c.g;
   const double flop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   const auto rate = [&](double seconds) { return flop / seconds / 1e9; };
@@ -99,15 +60,15 @@ MoeGradBenchResult RunMoeGradBenchCase(const MoeGradBenchCase& c, double min_sec
 
   // The fused operator, planned once, run repeatedly.
   Check(gkSetNumThreads(threads));
-  gkTensor* dy_t = Tensor({m, n}, c.dtype, dy.data());
-  gkTensor* w_t = Tensor({g, k, n}, c.dtype, w.data());
-  gkTensor* idx_t = Tensor({m}, DType::kI64, routing.gather_idx.data());
-  gkTensor* groups_t = Tensor({g}, DType::kI64, routing.group_counts.data());
-  gkTensor* dx_t = Tensor({c.batch, k}, DType::kF32, dx.data());
+  TensorHandle dy_t({m, n}, c.dtype, dy.data());
+  TensorHandle w_t({g, k, n}, c.dtype, w.data());
+  TensorHandle idx_t({m}, DType::kI64, routing.gather_idx.data());
+  TensorHandle groups_t({g}, DType::kI64, routing.group_counts.data());
+  TensorHandle dx_t({c.batch, k}, DType::kF32, dx.data());
   uint64_t workspace_size = 0;
   gkOpExecutor* executor = nullptr;
-  Check(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(dy_t, w_t, idx_t, groups_t, c.batch,
-                                                          c.top_k, GK_ROW_IDX_GATHER, GK_GROUP_LIST_COUNT, dx_t,
+  Check(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(dy_t.t, w_t.t, idx_t.t, groups_t.t, c.batch,
+                                                          c.top_k, GK_ROW_IDX_GATHER, GK_GROUP_LIST_COUNT, dx_t.t,
                                                           &workspace_size, &executor));
   Check(gkSetExecutorRepeatable(executor));
   std::vector<uint8_t> workspace(workspace_size);
@@ -195,7 +156,6 @@ MoeGradBenchResult RunMoeGradBenchCase(const MoeGradBenchCase& c, double min_sec
   if (seconds.size() > 3) r.torch_gflops = rate(seconds[3]);
 
   gkDestroyExecutor(executor);
-  for (gkTensor* t : {dy_t, w_t, idx_t, groups_t, dx_t}) gkDestroyTensor(t);
   gkSetNumThreads(0);
   return r;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_ref.h"
 
 namespace gk::bench {
 
@@ -38,6 +39,8 @@ struct MoeGradBenchResult {
 // The shapes S1..S4 x {f32, f16, bf16}, filtered.
 std::vector<MoeGradBenchCase> MoeGradBenchCases(const std::optional<std::string>& shape,
                                                 std::optional<DType> dtype, int32_t threads);
+// The case's routing (seed 7), shared by the benchmarks that take these presets.
+MoeGradRouting MoeGradBenchRouting(const MoeGradBenchCase& c);
 MoeGradBenchResult RunMoeGradBenchCase(const MoeGradBenchCase& c, double min_seconds);
 std::string MoeGradBenchJson(const MoeGradBenchResult& r);
 

@@ -12,24 +12,6 @@
 namespace gk::bench {
 namespace {
 
-void Check(gkStatus status) {
-  if (status != GK_SUCCESS) throw std::runtime_error(gkGetRecentErrMsg());
-}
-
-// A descriptor released with the bench case.
-struct TensorHolder {
-  gkTensor* t;
-  TensorHolder(std::initializer_list<int64_t> dims, DType dtype, void* data) {
-    const std::vector<int64_t> shape(dims);
-    t = gkCreateTensor(shape.data(), shape.size(), static_cast<gkDataType>(dtype), nullptr, 0,
-                       data);
-    if (t == nullptr) throw std::runtime_error(gkGetRecentErrMsg());
-  }
-  ~TensorHolder() { gkDestroyTensor(t); }
-  TensorHolder(const TensorHolder&) = delete;
-  TensorHolder& operator=(const TensorHolder&) = delete;
-};
-
 // Phase 1 done by `plan`, phase 2 run repeatedly in a workspace of the size it asked for.
 class PlannedOp {
  public:
@@ -100,11 +82,11 @@ std::vector<MoeRoutingBenchResult> RunMoeRoutingBenchCase(const MoeRoutingBenchC
   std::vector<uint8_t> x(static_cast<size_t>(c.batch * h * elem), 0x3c);
   std::vector<uint8_t> expanded_x(static_cast<size_t>(slots * h * elem));
   std::vector<int64_t> row_idx(static_cast<size_t>(slots)), group_list(static_cast<size_t>(c.g));
-  TensorHolder x_t({c.batch, h}, c.dtype, x.data());
-  TensorHolder experts_t({c.batch, c.top_k}, DType::kI64, expert_idx.data());
-  TensorHolder ex_t({slots, h}, c.dtype, expanded_x.data());
-  TensorHolder idx_t({slots}, DType::kI64, row_idx.data());
-  TensorHolder groups_t({c.g}, DType::kI64, group_list.data());
+  TensorHandle x_t({c.batch, h}, c.dtype, x.data());
+  TensorHandle experts_t({c.batch, c.top_k}, DType::kI64, expert_idx.data());
+  TensorHandle ex_t({slots, h}, c.dtype, expanded_x.data());
+  TensorHandle idx_t({slots}, DType::kI64, row_idx.data());
+  TensorHandle groups_t({c.g}, DType::kI64, group_list.data());
   std::vector<MoeRoutingBenchResult> results;
 
   PlannedOp init(
@@ -122,8 +104,8 @@ std::vector<MoeRoutingBenchResult> RunMoeRoutingBenchCase(const MoeRoutingBenchC
   // Finalize: expandedY [M, H] (the second expert matmul's output) back to [batch, H].
   std::vector<float> probs(static_cast<size_t>(slots), 0.5f);
   std::vector<uint8_t> out(static_cast<size_t>(c.batch * h * elem));
-  TensorHolder probs_t({c.batch, c.top_k}, DType::kF32, probs.data());
-  TensorHolder out_t({c.batch, h}, c.dtype, out.data());
+  TensorHandle probs_t({c.batch, c.top_k}, DType::kF32, probs.data());
+  TensorHandle out_t({c.batch, h}, c.dtype, out.data());
   PlannedOp finalize(
       [&](uint64_t* size, gkOpExecutor** executor) {
         return gkMoeFinalizeRoutingGetWorkspaceSize(ex_t.t, probs_t.t, idx_t.t, GK_ROW_IDX_GATHER,
@@ -135,8 +117,8 @@ std::vector<MoeRoutingBenchResult> RunMoeRoutingBenchCase(const MoeRoutingBenchC
 
   std::vector<uint8_t> grad_y(static_cast<size_t>(m * h * elem));
   std::vector<float> grad_probs(static_cast<size_t>(slots));
-  TensorHolder grad_y_t({m, h}, c.dtype, grad_y.data());
-  TensorHolder grad_probs_t({c.batch, c.top_k}, DType::kF32, grad_probs.data());
+  TensorHandle grad_y_t({m, h}, c.dtype, grad_y.data());
+  TensorHandle grad_probs_t({c.batch, c.top_k}, DType::kF32, grad_probs.data());
   PlannedOp finalize_grad(
       [&](uint64_t* size, gkOpExecutor** executor) {
         return gkMoeFinalizeRoutingGradGetWorkspaceSize(out_t.t, ex_t.t, probs_t.t, idx_t.t,
@@ -155,7 +137,7 @@ std::string MoeRoutingBenchJson(const MoeRoutingBenchResult& r) {
   return fmt::format(
       "{{\"bench\": \"moe-routing\", \"op\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", "
       "\"batch\": {}, \"topK\": {}, \"G\": {}, \"H\": {}, \"M\": {}, \"threads\": {}, "
-      "\"bytes\": {}, \"gbps\": {:.2f}, \"copy_gbps\": {:.2f}, \"vs_copy\": {:.3f}}}",
+      "\"bytes\": {}, \"gbps\": {:.4f}, \"copy_gbps\": {:.4f}, \"vs_copy\": {:.3f}}}",
       r.op, r.c.shape, DTypeName(r.c.dtype), r.c.batch, r.c.top_k, r.c.g, r.c.h, r.m, r.c.threads,
       r.bytes, r.gbps, r.copy_gbps, r.gbps / r.copy_gbps);
 }

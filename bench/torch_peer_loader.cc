@@ -7,7 +7,6 @@
 
 #include <climits>
 #include <cstdlib>
-#include <mutex>
 #include <string>
 
 #include "bench/torch_peer.h"

@@ -5,13 +5,11 @@
 #include <algorithm>
 
 #include "core/executor.h"
+#include "core/plan_math.h"
 #include "core/thread_pool.h"
 
 namespace gk {
 namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
 
 class LayoutBuilder {
  public:
@@ -26,10 +24,6 @@ class LayoutBuilder {
  private:
   uint64_t end_ = 0;
 };
-
-uint64_t Bytes(int64_t elems, int64_t elem_bytes) {
-  return static_cast<uint64_t>(elems) * static_cast<uint64_t>(elem_bytes);
-}
 
 // The tiles of a shape, before the machine is known.
 struct Tiles {
@@ -63,15 +57,10 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
                                 RoundUp(std::max<int64_t>(s.m, 1), kGroupedMatmulRowGranule));
   t.row_blocks = CeilDiv(extent, t.base_m);
   t.last_block_rows = extent - (t.row_blocks - 1) * t.base_m;
-  t.col_blocks = CeilDiv(s.n, t.base_n);
-  t.last_block_cols = s.n - (t.col_blocks - 1) * t.base_n;
-  // A tail narrower than 16 columns is spread over the blocks instead: oneDNN 3.7's brgemm wrote
-  // a one-column C with a row stride past 1 (the tail of N = 257) as zeros (Debian 13 run).
-  if (t.col_blocks > 1 && t.last_block_cols < 16) {
-    t.base_n = RoundUp(CeilDiv(s.n, t.col_blocks), 16);
-    t.col_blocks = CeilDiv(s.n, t.base_n);
-    t.last_block_cols = s.n - (t.col_blocks - 1) * t.base_n;
-  }
+  const MoeTileColumns columns = MoeTileColumnsOf(s.n, t.base_n);
+  t.base_n = columns.base;
+  t.col_blocks = columns.blocks;
+  t.last_block_cols = columns.last;
   return t;
 }
 

@@ -8,3 +8,10 @@ target_sources(gradkit PRIVATE
   ${_moe_finalize_dir}/cpu/moe_finalize_routing_kernels.cc
 )
 unset(_moe_finalize_dir)
+# The kernels' arithmetic is documented as a product rounded to float32, then the sum: GCC's
+# default for C++ (-ffp-contract=fast) would fuse them into FMAs where it sees fit, differently
+# in a vector body, a scalar tail or one inlining, so that the bits would depend on the compiler.
+if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  set_source_files_properties(${CMAKE_SOURCE_DIR}/src/ops/moe_finalize_routing/cpu/moe_finalize_routing_kernels.cc
+                              PROPERTIES COMPILE_OPTIONS "-ffp-contract=off")
+endif()

@@ -1,7 +1,7 @@
 // MoeFinalizeRouting and MoeFinalizeRoutingGrad two-phase C API: phase 1 checks (the values of
 // expandedRowIdx included) and plans; phase 2 rebuilds the slot -> row table in the workspace,
 // then runs the tokens' units.
-#include <cstring>
+#include <algorithm>
 
 #include "core/c_api_guard.h"
 #include "core/check.h"
@@ -54,19 +54,16 @@ class MoeFinalizeExecutor final : public gkOpExecutor {
         reinterpret_cast<int64_t*>(base + plan_.slot_row_offset),
         reinterpret_cast<int64_t*>(base + plan_.row_token_offset)));
     ParallelFor(plan_.threads, plan_.threads, [&](int64_t t) {
-      auto* rows = reinterpret_cast<float*>(base + plan_.thread_rows_offset +
-                                            static_cast<uint64_t>(t) * plan_.thread_row_bytes);
-      const int64_t row_floats =
-          static_cast<int64_t>(plan_.thread_row_bytes / kMoeFinalizeRowsPerThread / sizeof(float));
-      float* scratch[kMoeFinalizeRowsPerThread] = {rows, rows + row_floats, rows + 2 * row_floats};
+      auto* acc_row = reinterpret_cast<float*>(base + plan_.thread_rows_offset +
+                                               static_cast<uint64_t>(t) * plan_.thread_row_bytes);
       for (int64_t unit = t; unit < plan_.units; unit += plan_.threads) {
         const int64_t begin = unit * plan_.tokens_per_unit;
         const int64_t end = std::min(plan_.shape.batch, begin + plan_.tokens_per_unit);
         for (int64_t b = begin; b < end; ++b) {
           if (plan_.shape.backward) {
-            BackwardToken(b, slot_row, scratch);
+            BackwardToken(b, end, slot_row);
           } else {
-            ForwardToken(b, slot_row, scratch);
+            ForwardToken(b, end, slot_row, acc_row);
           }
         }
       }
@@ -75,50 +72,93 @@ class MoeFinalizeExecutor final : public gkOpExecutor {
   }
 
  private:
-  // Row `row` of a [rows, N] float tensor as float32: in place for float32, else converted.
-  const float* RowF32(const gkTensor& t, int64_t row, float* scratch) const {
-    const int64_t n = plan_.shape.n;
-    const char* source = Base(t) + row * n * ElementBytes(t.dtype);
-    if (t.dtype == DType::kF32) return reinterpret_cast<const float*>(source);
-    MoeFinalizeRowToF32(t.dtype, source, scratch, n);
-    return scratch;
+  char* Row(const gkTensor& t, int64_t row) const {
+    return Base(t) + row * plan_.shape.n * ElementBytes(t.dtype);
   }
   float Prob(int64_t slot) const { return LoadAsF32(Base(probs_), slot, probs_.dtype); }
 
-  // out[b] = sum over j of probs[b, j] * expandedY[row(b * topK + j)], ascending j.
-  void ForwardToken(int64_t b, const int64_t* slot_row, float* const* scratch) const {
+  // The expandedY rows of the first `most` kept slots in [p, p_end): what a kernel call
+  // prefetches for the next one. Returns how many.
+  int64_t KeptRows(int64_t p, int64_t p_end, const int64_t* slot_row, const void** rows,
+                   int64_t most) const {
+    int64_t count = 0;
+    for (; p < p_end && count < most; ++p) {
+      if (slot_row[p] >= 0) rows[count++] = Row(y_, slot_row[p]);
+    }
+    return count;
+  }
+
+  // out[b] = sum over j of probs[b, j] * expandedY[row(b * topK + j)], ascending j: the kept
+  // slots in calls of up to kMoeFinalizeForwardSlots, the partial sums between calls in acc_row.
+  // The next token's rows (of this unit) are prefetched during the last call.
+  void ForwardToken(int64_t b, int64_t end, const int64_t* slot_row, float* acc_row) const {
     const MoeFinalizeShape& s = plan_.shape;
-    float* acc = scratch[0];
-    std::fill(acc, acc + s.n, 0.0f);
+    const void* rows[kMoeFinalizeForwardSlots];
+    float probs[kMoeFinalizeForwardSlots];
+    const void* next[kMoeFinalizeForwardSlots];
+    MoeFinalizeSumArgs args{s.dtype, rows, probs, 0, s.n, nullptr, acc_row, s.token_dtype, nullptr};
     for (int64_t p = b * s.top_k; p < (b + 1) * s.top_k; ++p) {
       const int64_t row = slot_row[p];
       if (row < 0) continue;  // dropped
-      MoeFinalizeAddScaled(Prob(p), RowF32(y_, row, scratch[1]), acc, s.n);
+      if (args.count == kMoeFinalizeForwardSlots) {
+        MoeFinalizeWeightedSum(args);
+        args.acc_in = acc_row;
+        args.count = 0;
+      }
+      rows[args.count] = Row(y_, row);
+      probs[args.count] = Prob(p);
+      ++args.count;
     }
-    MoeFinalizeRowFromF32(s.token_dtype, acc, Base(out_) + b * s.n * ElementBytes(s.token_dtype),
-                          s.n);
+    args.out = Row(out_, b);
+    if (b + 1 < end) {
+      args.next_rows = next;
+      args.next_count = KeptRows((b + 1) * s.top_k, (b + 2) * s.top_k, slot_row, next,
+                                 kMoeFinalizeForwardSlots);
+    }
+    MoeFinalizeWeightedSum(args);
   }
 
-  // gradProbs[b, j] = gradOut[b] . expandedY[row]; gradExpandedY[row] = probs[b, j] * gradOut[b].
-  void BackwardToken(int64_t b, const int64_t* slot_row, float* const* scratch) const {
+  // gradProbs[b, j] = gradOut[b] . expandedY[row]; gradExpandedY[row] = probs[b, j] * gradOut[b]:
+  // the kept slots in calls of up to kMoeFinalizeBackwardSlots; dropped slots get 0.
+  // Each call prefetches the rows of the next kept slots of the unit (and the next token's
+  // gradOut row when they reach into it).
+  void BackwardToken(int64_t b, int64_t end, const int64_t* slot_row) const {
     const MoeFinalizeShape& s = plan_.shape;
-    const float* grad_out = RowF32(grad_out_, b, scratch[0]);
-    const int64_t grad_y_elem = ElementBytes(s.grad_y_dtype);
+    const void* y_rows[kMoeFinalizeBackwardSlots];
+    void* grad_y_rows[kMoeFinalizeBackwardSlots];
+    float probs[kMoeFinalizeBackwardSlots], grad_probs[kMoeFinalizeBackwardSlots];
+    int64_t slots[kMoeFinalizeBackwardSlots];
+    const void* next[kMoeFinalizeBackwardSlots];
+    MoeFinalizeGradArgs args{s.token_dtype, Row(grad_out_, b), s.dtype, y_rows, probs, 0, s.n,
+                             s.grad_y_dtype, grad_y_rows, grad_probs};
+    args.next_rows = next;
+    const int64_t slot_end = end * s.top_k;
+    const auto flush = [&] {
+      const int64_t after = slots[args.count - 1] + 1;
+      args.next_count = KeptRows(after, slot_end, slot_row, next, kMoeFinalizeBackwardSlots);
+      // The next call is the next token's when no kept slot of this one is left.
+      bool token_done = true;
+      for (int64_t p = after; p < (b + 1) * s.top_k; ++p) token_done = token_done && slot_row[p] < 0;
+      args.next_grad_out = token_done && b + 1 < end ? Row(grad_out_, b + 1) : nullptr;
+      MoeFinalizeGradSlots(args);
+      for (int64_t i = 0; i < args.count; ++i) {
+        StoreFromF32(Base(grad_probs_), slots[i], s.grad_probs_dtype, grad_probs[i]);
+      }
+      args.count = 0;
+    };
     for (int64_t p = b * s.top_k; p < (b + 1) * s.top_k; ++p) {
       const int64_t row = slot_row[p];
-      float grad_prob = 0.0f;
-      if (row >= 0) {
-        grad_prob = MoeFinalizeDot(grad_out, RowF32(y_, row, scratch[1]), s.n);
-        char* target = Base(grad_y_) + row * s.n * grad_y_elem;
-        if (s.grad_y_dtype == DType::kF32) {
-          MoeFinalizeScale(Prob(p), grad_out, reinterpret_cast<float*>(target), s.n);
-        } else {
-          MoeFinalizeScale(Prob(p), grad_out, scratch[2], s.n);
-          MoeFinalizeRowFromF32(s.grad_y_dtype, scratch[2], target, s.n);
-        }
+      if (row < 0) {
+        StoreFromF32(Base(grad_probs_), p, s.grad_probs_dtype, 0.0f);
+        continue;
       }
-      StoreFromF32(Base(grad_probs_), p, s.grad_probs_dtype, grad_prob);
+      slots[args.count] = p;
+      y_rows[args.count] = Row(y_, row);
+      grad_y_rows[args.count] = Row(grad_y_, row);
+      probs[args.count] = Prob(p);
+      if (++args.count == kMoeFinalizeBackwardSlots) flush();
     }
+    if (args.count > 0) flush();
   }
 
   MoeFinalizePlan plan_;

@@ -21,8 +21,7 @@ MoeFinalizePlan MakeMoeFinalizePlan(const MoeFinalizeShape& s, int32_t threads) 
   p.row_token_offset = AlignUp(static_cast<uint64_t>(s.slots()) * sizeof(int64_t), a);
   p.thread_rows_offset =
       p.row_token_offset + AlignUp(static_cast<uint64_t>(s.m) * sizeof(int64_t), a);
-  p.thread_row_bytes = kMoeFinalizeRowsPerThread *
-                       AlignUp(static_cast<uint64_t>(s.n) * sizeof(float), a);
+  p.thread_row_bytes = AlignUp(static_cast<uint64_t>(s.n) * sizeof(float), a);
   p.workspace_bytes = p.thread_rows_offset + p.threads * p.thread_row_bytes + a;
   return p;
 }

@@ -2,8 +2,8 @@
 // token by token: a unit is tokens_per_unit consecutive tokens, dealt round robin to the
 // threads. A token's outputs (out[b]; gradProbs[b, :] and the gradExpandedY rows of its slots)
 // belong to its unit alone and are computed in the same order whoever runs it, so the split
-// changes no byte. Each thread owns three float32 rows of N in the workspace (the accumulator
-// and rows converted from 16-bit dtypes).
+// changes no byte. Each thread owns a float32 row of N in the workspace: the forward's
+// accumulator for a token with more kept slots than one kernel call sums.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,6 @@ namespace gk {
 
 inline constexpr int64_t kMoeFinalizeUnitElems = int64_t{1} << 16;  // topK x N elements per unit, about
 inline constexpr uint64_t kMoeFinalizeAlignment = 64;
-inline constexpr int64_t kMoeFinalizeRowsPerThread = 3;
 
 struct MoeFinalizePlan {
   MoeFinalizeShape shape;
@@ -26,7 +25,7 @@ struct MoeFinalizePlan {
   uint64_t slot_row_offset;    // batch * topK int64: the row of each slot, or -1
   uint64_t row_token_offset;   // M int64: scratch of the index check
   uint64_t thread_rows_offset; // threads x thread_row_bytes
-  uint64_t thread_row_bytes;   // kMoeFinalizeRowsPerThread float32 rows of N, 64-byte aligned
+  uint64_t thread_row_bytes;   // a float32 row of N, 64-byte aligned
   uint64_t workspace_bytes;    // the regions + kMoeFinalizeAlignment
   bool operator==(const MoeFinalizePlan&) const = default;
 };

@@ -6,13 +6,12 @@
 #include <optional>
 
 #include "core/executor.h"
+#include "core/plan_math.h"
 #include "core/thread_pool.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 
 namespace gk {
 namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Places regions one after another, each 512-byte aligned.
 class LayoutBuilder {
@@ -28,10 +27,6 @@ class LayoutBuilder {
  private:
   uint64_t end_ = 0;
 };
-
-uint64_t Bytes(int64_t elems, int64_t elem_bytes) {
-  return static_cast<uint64_t>(elems) * static_cast<uint64_t>(elem_bytes);
-}
 
 }  // namespace
 
@@ -57,7 +52,7 @@ void ChooseKBlocks(int64_t n, int64_t most, MoeGradTiles& t) {
     }
   }
   t.base_k = CeilDiv(n, t.k_blocks);
-  if (t.k_blocks > 1 && n % t.k_blocks != 0) t.base_k = CeilDiv(t.base_k, 16) * 16;
+  if (t.k_blocks > 1 && n % t.k_blocks != 0) t.base_k = RoundUp(t.base_k, 16);
   t.k_blocks = CeilDiv(n, t.base_k);
   t.last_k = n - (t.k_blocks - 1) * t.base_k;
 }
@@ -103,7 +98,7 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape) {
   MoeGradTiles tiles{};
   tiles.gemm_dtype = shape.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
   // As the seed: base = min(best, extent), the row tile rounded up to the padding granule.
-  const int64_t rows = CeilDiv(std::max<int64_t>(shape.m, 1), kMoeGradRowGranule) * kMoeGradRowGranule;
+  const int64_t rows = RoundUp(std::max<int64_t>(shape.m, 1), kMoeGradRowGranule);
   tiles.base_m = std::min(kMoeGradBestBaseM, rows);
 
   // k-blocks: a thread's A tile, the library's packed B and (when copied) its B tile stay
@@ -153,16 +148,10 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape) {
       }
     }
   }
-  tiles.base_n = best->base_n;
-  tiles.col_blocks = CeilDiv(shape.k, tiles.base_n);
-  tiles.last_block_cols = shape.k - (tiles.col_blocks - 1) * tiles.base_n;
-  // A last column block narrower than 16 is spread over the blocks instead: oneDNN 3.7's brgemm
-  // got a one-column C with a row stride past 1 wrong (K = 257 on Debian 13: column 256 off).
-  if (tiles.col_blocks > 1 && tiles.last_block_cols < 16) {
-    tiles.base_n = (CeilDiv(shape.k, tiles.col_blocks) + 15) / 16 * 16;
-    tiles.col_blocks = CeilDiv(shape.k, tiles.base_n);
-    tiles.last_block_cols = shape.k - (tiles.col_blocks - 1) * tiles.base_n;
-  }
+  const MoeTileColumns columns = MoeTileColumnsOf(shape.k, best->base_n);
+  tiles.base_n = columns.base;
+  tiles.col_blocks = columns.blocks;
+  tiles.last_block_cols = columns.last;
   tiles.tokens_per_chunk = CeilDiv(std::max<int64_t>(shape.batch, 1), best->chunks);
   tiles.token_chunks = CeilDiv(std::max<int64_t>(shape.batch, 1), tiles.tokens_per_chunk);
   return tiles;
@@ -183,9 +172,10 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape) {
   g.widths = {t.base_n};
   if (t.last_block_cols != t.base_n) g.widths.push_back(t.last_block_cols);
   g.lda = t.base_k;
-  // float32 B packed once per (block, expert) or k-block measured 8-35% faster than oneDNN's
-  // packing on every call; bfloat16's reorder into the VNNI layout (jit:uni) costs what it saves
-  // (docs/benchmarks.md), so bfloat16 keeps the per-call packing of brgemm's own copy kernel.
+  // float32 B packed once per (block, expert) or k-block measured faster than oneDNN's packing
+  // on every call in 5 of 6 interleaved comparisons (-3% to +62%); bfloat16's reorder into the
+  // VNNI layout (jit:uni) costs what it saves (docs/benchmarks.md), so bfloat16 keeps the
+  // per-call packing of brgemm's own copy kernel.
   g.prepared_b = t.gemm_dtype == DType::kF32;
   g.steps = {{t.base_k, false}};
   if (t.k_blocks > 1) {

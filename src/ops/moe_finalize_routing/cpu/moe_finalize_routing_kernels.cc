@@ -3,9 +3,10 @@
 #define HWY_TARGET_INCLUDE "ops/moe_finalize_routing/cpu/moe_finalize_routing_kernels.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
-#include <cstring>
+#include <cstdint>
 
 #include "core/cpu/convert-inl.h"
 #include "ops/moe_finalize_routing/cpu/moe_finalize_routing_kernels.h"
@@ -16,69 +17,169 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 template <class Storage>
-void ToF32(const void* src_bytes, float* dst, int64_t n) {
-  const auto* src = static_cast<const typename Storage::Lane*>(src_bytes);
-  const hn::ScalableTag<float> df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  int64_t j = 0;
-  for (; j + lanes <= n; j += lanes) hn::StoreU(LoadAsF32<Storage>(df, src + j), df, dst + j);
-  const DType dtype = std::is_same_v<Storage, F16Storage> ? DType::kF16 : DType::kBF16;
-  for (; j < n; ++j) dst[j] = gk::LoadAsF32(src_bytes, j, dtype);
+const typename Storage::Lane* AsLanes(const void* p) {
+  return static_cast<const typename Storage::Lane*>(p);
 }
-
 template <class Storage>
-void FromF32(const float* src, void* dst_bytes, int64_t n) {
-  auto* dst = static_cast<typename Storage::Lane*>(dst_bytes);
-  const hn::ScalableTag<float> df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  int64_t j = 0;
-  for (; j + lanes <= n; j += lanes) StoreFromF32<Storage>(df, hn::LoadU(df, src + j), dst + j);
-  const DType dtype = std::is_same_v<Storage, F16Storage> ? DType::kF16 : DType::kBF16;
-  for (; j < n; ++j) gk::StoreFromF32(dst_bytes, j, dtype, src[j]);
+typename Storage::Lane* AsLanes(void* p) {
+  return static_cast<typename Storage::Lane*>(p);
 }
 
-HWY_NOINLINE void RowToF16(const void* src, float* dst, int64_t n) { ToF32<F16Storage>(src, dst, n); }
-HWY_NOINLINE void RowToBf16(const void* src, float* dst, int64_t n) { ToF32<Bf16Storage>(src, dst, n); }
-HWY_NOINLINE void RowFromF16(const float* src, void* dst, int64_t n) { FromF32<F16Storage>(src, dst, n); }
-HWY_NOINLINE void RowFromBf16(const float* src, void* dst, int64_t n) { FromF32<Bf16Storage>(src, dst, n); }
+// Calls f(Storage{}) for a float dtype: the dtypes' storage types, one instantiation each.
+template <class F>
+void WithStorage(DType dtype, const F& f) {
+  switch (dtype) {
+    case DType::kF16: f(F16Storage{}); break;
+    case DType::kBF16: f(Bf16Storage{}); break;
+    default: f(F32Storage{}); break;
+  }
+}
 
-HWY_NOINLINE void AddScaled(float a, const float* x, float* acc, int64_t n) {
+// Prefetches the lines of `count` rows that hold elements [j, j + elems).
+template <class Storage>
+HWY_INLINE void PrefetchRows(const void* const* rows, int64_t count, int64_t j, int64_t elems) {
+  for (int64_t s = 0; s < count; ++s) {
+    const auto* row = AsLanes<Storage>(rows[s]) + j;
+    for (int64_t e = 0; e < elems; e += 64 / static_cast<int64_t>(sizeof(*row))) hwy::Prefetch(row + e);
+  }
+}
+
+// Two vectors of columns per step (the sums of different columns are independent, so this
+// changes no result), then one vector, then the scalar tail.
+template <class Y, class Out>
+void WeightedSumT(const MoeFinalizeSumArgs& a) {
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  const auto av = hn::Set(df, a);
+  const int64_t n = a.n;
+  auto* out = a.out != nullptr ? AsLanes<Out>(a.out) : nullptr;
+  const auto start = [&](int64_t j) { return a.acc_in ? hn::LoadU(df, a.acc_in + j) : hn::Zero(df); };
   int64_t j = 0;
+  for (; j + 2 * lanes <= n; j += 2 * lanes) {
+    PrefetchRows<Y>(a.next_rows, a.next_count, j, 2 * lanes);
+    auto acc0 = start(j), acc1 = start(j + lanes);
+    for (int64_t s = 0; s < a.count; ++s) {
+      const auto* row = AsLanes<Y>(a.rows[s]);
+      const auto p = hn::Set(df, a.probs[s]);
+      acc0 = hn::Add(acc0, hn::Mul(p, LoadAsF32<Y>(df, row + j)));
+      acc1 = hn::Add(acc1, hn::Mul(p, LoadAsF32<Y>(df, row + j + lanes)));
+    }
+    if (out != nullptr) {
+      StorePairFromF32<Out, false>(df, acc0, acc1, out + j);
+    } else {
+      hn::StoreU(acc0, df, a.acc_out + j);
+      hn::StoreU(acc1, df, a.acc_out + j + lanes);
+    }
+  }
   for (; j + lanes <= n; j += lanes) {
-    hn::StoreU(hn::Add(hn::LoadU(df, acc + j), hn::Mul(av, hn::LoadU(df, x + j))), df, acc + j);
+    auto acc = start(j);
+    for (int64_t s = 0; s < a.count; ++s) {
+      acc = hn::Add(acc, hn::Mul(hn::Set(df, a.probs[s]), LoadAsF32<Y>(df, AsLanes<Y>(a.rows[s]) + j)));
+    }
+    if (out != nullptr) {
+      StoreFromF32<Out>(df, acc, out + j);
+    } else {
+      hn::StoreU(acc, df, a.acc_out + j);
+    }
   }
   for (; j < n; ++j) {
-    const float product = a * x[j];
-    acc[j] = acc[j] + product;
+    float acc = a.acc_in ? a.acc_in[j] : 0.0f;
+    for (int64_t s = 0; s < a.count; ++s) {
+      const float product = a.probs[s] * gk::LoadAsF32(a.rows[s], j, a.y_dtype);
+      acc = acc + product;
+    }
+    if (out != nullptr) {
+      gk::StoreFromF32(a.out, j, a.out_dtype, acc);
+    } else {
+      a.acc_out[j] = acc;
+    }
   }
 }
 
-HWY_NOINLINE void Scale(float a, const float* x, float* dst, int64_t n) {
-  const hn::ScalableTag<float> df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  const auto av = hn::Set(df, a);
-  int64_t j = 0;
-  for (; j + lanes <= n; j += lanes) hn::StoreU(hn::Mul(av, hn::LoadU(df, x + j)), df, dst + j);
-  for (; j < n; ++j) dst[j] = a * x[j];
+HWY_NOINLINE void WeightedSum(const MoeFinalizeSumArgs& a) {
+  WithStorage(a.y_dtype, [&](auto y) {
+    using Y = decltype(y);
+    if (a.out_dtype == DType::kF32) {
+      WeightedSumT<Y, F32Storage>(a);
+    } else {
+      WeightedSumT<Y, Y>(a);
+    }
+  });
 }
 
-HWY_NOINLINE float Dot(const float* a, const float* b, int64_t n) {
+// Up to four slots, each with its own register of partial dot products: their rows stream in
+// together, gradOut's row is loaded once for them.
+template <class G, class Y, class GY>
+void GradSlotsT(const MoeFinalizeGradArgs& a) {
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  auto sum = hn::Zero(df);
+  const int64_t n = a.n, count = a.count;
+  const auto* g_row = AsLanes<G>(a.grad_out);
+  const auto slot = [&](int64_t s) { return s < count ? s : 0; };
+  const auto* y0 = AsLanes<Y>(a.y_rows[slot(0)]);
+  const auto* y1 = AsLanes<Y>(a.y_rows[slot(1)]);
+  const auto* y2 = AsLanes<Y>(a.y_rows[slot(2)]);
+  const auto* y3 = AsLanes<Y>(a.y_rows[slot(3)]);
+  auto* gy0 = AsLanes<GY>(a.grad_y_rows[slot(0)]);
+  auto* gy1 = AsLanes<GY>(a.grad_y_rows[slot(1)]);
+  auto* gy2 = AsLanes<GY>(a.grad_y_rows[slot(2)]);
+  auto* gy3 = AsLanes<GY>(a.grad_y_rows[slot(3)]);
+  const auto p0 = hn::Set(df, a.probs[slot(0)]), p1 = hn::Set(df, a.probs[slot(1)]);
+  const auto p2 = hn::Set(df, a.probs[slot(2)]), p3 = hn::Set(df, a.probs[slot(3)]);
+  auto sum0 = hn::Zero(df), sum1 = hn::Zero(df), sum2 = hn::Zero(df), sum3 = hn::Zero(df);
   int64_t j = 0;
   for (; j + lanes <= n; j += lanes) {
-    sum = hn::Add(sum, hn::Mul(hn::LoadU(df, a + j), hn::LoadU(df, b + j)));
+    PrefetchRows<Y>(a.next_rows, a.next_count, j, lanes);
+    if (a.next_grad_out != nullptr) PrefetchRows<G>(&a.next_grad_out, 1, j, lanes);
+    const auto g = LoadAsF32<G>(df, g_row + j);
+    sum0 = hn::Add(sum0, hn::Mul(g, LoadAsF32<Y>(df, y0 + j)));
+    StoreFromF32<GY>(df, hn::Mul(p0, g), gy0 + j);
+    if (count > 1) {
+      sum1 = hn::Add(sum1, hn::Mul(g, LoadAsF32<Y>(df, y1 + j)));
+      StoreFromF32<GY>(df, hn::Mul(p1, g), gy1 + j);
+    }
+    if (count > 2) {
+      sum2 = hn::Add(sum2, hn::Mul(g, LoadAsF32<Y>(df, y2 + j)));
+      StoreFromF32<GY>(df, hn::Mul(p2, g), gy2 + j);
+    }
+    if (count > 3) {
+      sum3 = hn::Add(sum3, hn::Mul(g, LoadAsF32<Y>(df, y3 + j)));
+      StoreFromF32<GY>(df, hn::Mul(p3, g), gy3 + j);
+    }
   }
-  float total = hn::GetLane(hn::SumOfLanes(df, sum));
-  for (; j < n; ++j) {
-    const float product = a[j] * b[j];
-    total = total + product;
-  }
-  return total;
+  const int64_t tail = j;
+  const auto finish = [&](int64_t s, hn::Vec<decltype(df)> sum) {
+    float total = hn::GetLane(hn::SumOfLanes(df, sum));
+    for (int64_t c = tail; c < n; ++c) {
+      const float g = gk::LoadAsF32(a.grad_out, c, a.grad_dtype);
+      const float product = g * gk::LoadAsF32(a.y_rows[s], c, a.y_dtype);
+      total = total + product;
+      gk::StoreFromF32(a.grad_y_rows[s], c, a.grad_y_dtype, a.probs[s] * g);
+    }
+    a.grad_probs[s] = total;
+  };
+  finish(0, sum0);
+  if (count > 1) finish(1, sum1);
+  if (count > 2) finish(2, sum2);
+  if (count > 3) finish(3, sum3);
+}
+
+HWY_NOINLINE void GradSlots(const MoeFinalizeGradArgs& a) {
+  WithStorage(a.y_dtype, [&](auto y) {
+    using Y = decltype(y);
+    const auto with_grad_y = [&](auto g) {
+      using G = decltype(g);
+      if (a.grad_y_dtype == DType::kF32) {
+        GradSlotsT<G, Y, F32Storage>(a);
+      } else {
+        GradSlotsT<G, Y, Y>(a);
+      }
+    };
+    if (a.grad_dtype == DType::kF32) {
+      with_grad_y(F32Storage{});
+    } else {
+      with_grad_y(Y{});
+    }
+  });
 }
 
 }  // namespace HWY_NAMESPACE
@@ -88,38 +189,14 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace gk {
 
-HWY_EXPORT(RowToF16);
-HWY_EXPORT(RowToBf16);
-HWY_EXPORT(RowFromF16);
-HWY_EXPORT(RowFromBf16);
-HWY_EXPORT(AddScaled);
-HWY_EXPORT(Scale);
-HWY_EXPORT(Dot);
+HWY_EXPORT(WeightedSum);
+HWY_EXPORT(GradSlots);
 
-void MoeFinalizeRowToF32(DType dtype, const void* src, float* dst, int64_t n) {
-  switch (dtype) {
-    case DType::kF16: HWY_DYNAMIC_DISPATCH(RowToF16)(src, dst, n); break;
-    case DType::kBF16: HWY_DYNAMIC_DISPATCH(RowToBf16)(src, dst, n); break;
-    default: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); break;
-  }
+void MoeFinalizeWeightedSum(const MoeFinalizeSumArgs& args) {
+  HWY_DYNAMIC_DISPATCH(WeightedSum)(args);
 }
-
-void MoeFinalizeRowFromF32(DType dtype, const float* src, void* dst, int64_t n) {
-  switch (dtype) {
-    case DType::kF16: HWY_DYNAMIC_DISPATCH(RowFromF16)(src, dst, n); break;
-    case DType::kBF16: HWY_DYNAMIC_DISPATCH(RowFromBf16)(src, dst, n); break;
-    default: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); break;
-  }
-}
-
-void MoeFinalizeAddScaled(float a, const float* x, float* acc, int64_t n) {
-  HWY_DYNAMIC_DISPATCH(AddScaled)(a, x, acc, n);
-}
-void MoeFinalizeScale(float a, const float* x, float* dst, int64_t n) {
-  HWY_DYNAMIC_DISPATCH(Scale)(a, x, dst, n);
-}
-float MoeFinalizeDot(const float* a, const float* b, int64_t n) {
-  return HWY_DYNAMIC_DISPATCH(Dot)(a, b, n);
+void MoeFinalizeGradSlots(const MoeFinalizeGradArgs& args) {
+  HWY_DYNAMIC_DISPATCH(GradSlots)(args);
 }
 
 }  // namespace gk

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "core/plan_math.h"
 #include "core/thread_pool.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_kernels.h"
 
@@ -432,6 +433,17 @@ GemmSequentialScope::~GemmSequentialScope() {
 #if defined(GK_DNNL_OMP)
   if (saved_threads_ != 1) omp_set_num_threads(saved_threads_);
 #endif
+}
+
+MoeTileColumns MoeTileColumnsOf(int64_t columns, int64_t base) {
+  MoeTileColumns c{base, CeilDiv(columns, base), 0};
+  c.last = columns - (c.blocks - 1) * c.base;
+  if (c.blocks > 1 && c.last < 16) {
+    c.base = RoundUp(CeilDiv(columns, c.blocks), 16);
+    c.blocks = CeilDiv(columns, c.base);
+    c.last = columns - (c.blocks - 1) * c.base;
+  }
+  return c;
 }
 
 bool MoeGemmHasOneDnn() {

@@ -64,6 +64,18 @@ class MoeTileGemm {
   virtual std::unique_ptr<Worker> MakeWorker(void* scratchpad) const = 0;
 };
 
+// The C columns of a tile GEMM cut into blocks: `blocks` of `base` columns, the last one `last`.
+struct MoeTileColumns {
+  int64_t base;
+  int64_t blocks;
+  int64_t last;
+};
+// `columns` cut into blocks of `base` columns, but never with a last block narrower than 16 when
+// there are several: such a tail is spread over the blocks instead (each a multiple of 16 wide).
+// oneDNN 3.7's brgemm got a C of one column with a row stride past 1 wrong (the one-column tail
+// of 257 columns came back as zeros; Debian 13 run).
+MoeTileColumns MoeTileColumnsOf(int64_t columns, int64_t base);
+
 // Makes the GEMM library sequential on the calling thread while the scope lives (the operator's
 // own pool is the only source of parallelism), and restores the thread's setting after.
 class GemmSequentialScope {
