@@ -60,3 +60,15 @@ def test_expert_parallel_exits_non_zero_when_out_of_tolerance(gkt):
     result = run_example("expert_parallel.py", "--rtol", 0)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "OUT" in result.stdout and "FAILED" in result.stdout
+
+
+def test_torch_guide_blocks_run(gkt):
+    """docs/torch.md's Python blocks run as written (a fresh interpreter, PYTHONPATH=python)."""
+    text = (ROOT / "docs" / "torch.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks, "docs/torch.md has no Python example"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    for code in blocks:
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                env=env, cwd=ROOT, timeout=120)
+        assert result.returncode == 0, result.stderr
