@@ -9,7 +9,7 @@ candidate once per round; medians), at the fused operator's shape S1 (batch 4096
   step:   one training step (forward + backward) of MoeFFN against TorchMoeFFN, same weights.
   memory: the peak RSS increase of one such step, each layer in a process of its own.
 
-    PYTHONPATH=python /usr/bin/python3 bench/torch_moe_bench.py [--rounds 7] [--parts dx,step,memory]
+    PYTHONPATH=python /usr/bin/python3 bench/torch_moe_bench.py [--rounds 7] [--parts dx,step]
 
 Ratios are the peer's median time over gradkit's (>= 1.0: gradkit at least as fast) and
 gradkit's peak memory over the peer's. Runs with OMP_WAIT_POLICY=PASSIVE (restarts itself with
