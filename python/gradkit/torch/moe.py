@@ -133,6 +133,9 @@ class TorchMoeFFN(_MoeFFNBase):
         out = torch.zeros_like(x)
         slots = expert_idx.reshape(-1)
         weights = probs.to(x.dtype).reshape(-1)
+        # One unbind, not w1[g] per expert: each select's backward would fill and add a whole
+        # [G, H, F] gradient, which dominated this layer's step time and memory.
+        w1, w2 = self.w1.unbind(0), self.w2.unbind(0)
         for g in range(self.num_experts):
             slot = torch.nonzero(slots == g).squeeze(1)  # in slot order
             if self.capacity > 0:
@@ -140,7 +143,7 @@ class TorchMoeFFN(_MoeFFNBase):
             if slot.numel() == 0:
                 continue
             token = torch.div(slot, self.topk, rounding_mode="floor")
-            h = x.index_select(0, token) @ self.w1[g]
-            y = self.activation(h) @ self.w2[g]
+            h = x.index_select(0, token) @ w1[g]
+            y = self.activation(h) @ w2[g]
             out.index_add_(0, token, y * weights[slot].unsqueeze(1))
         return out
