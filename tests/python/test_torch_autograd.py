@@ -102,9 +102,29 @@ def step(module, x, dout):
     return out.detach(), x.grad, {n: p.grad for n, p in module.named_parameters()}
 
 
-@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_expert_chunks_cover_every_expert_and_row_once():
+    from gradkit.torch.moe import expert_chunks
+    counts = [3, 0, 7, 2, 0, 0, 9, 1]
+    for budget in (1, 8, 40, 10 ** 9):
+        chunks = expert_chunks(counts, 4, budget)
+        assert [c[0] for c in chunks] == [0] + [c[1] for c in chunks[:-1]]
+        assert [c[2] for c in chunks] == [0] + [c[3] for c in chunks[:-1]]
+        assert chunks[-1][1] == len(counts) and chunks[-1][3] == sum(counts)
+        for g0, g1, r0, r1 in chunks:
+            assert r1 - r0 == sum(counts[g0:g1])
+            # Within the budget, unless one expert alone exceeds it.
+            assert (r1 - r0) * 4 <= budget or max(counts[g0:g1]) * 4 > budget or g1 - g0 == 1
+    assert len(expert_chunks(counts, 4, 10 ** 9)) == 1
+    assert len(expert_chunks(counts, 4, 1)) == 5  # each expert with rows starts a chunk
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS + [torch.tanh])
 @pytest.mark.parametrize("topk,capacity", [(1, 0), (2, 0), (4, 0), (2, 12)])
-def test_moe_ffn_gradients_equal_the_torch_modules(gkt, activation, topk, capacity):
+@pytest.mark.parametrize("chunk_bytes", [16 << 20, 1500])
+def test_moe_ffn_gradients_equal_the_torch_modules(gkt, monkeypatch, activation, topk, capacity,
+                                                   chunk_bytes):
+    import gradkit.torch.moe
+    monkeypatch.setattr(gradkit.torch.moe, "CHUNK_BYTES", chunk_bytes)  # 1500: a few experts each
     layer, peer = make_pair(gkt, 32, 48, 8, topk, activation, capacity, seed=topk)
     x = torch.randn(2, 30, 32)
     dout = torch.randn(2, 30, 32)
@@ -198,3 +218,11 @@ def test_aten_elu_backward_switch(gkt, dtype):
         # The block's end gives torch's own kernel back.
         module_grad(module, x, dout)
         assert gkt.aten_elu_backward_calls() == before + (dtype != torch.float64)
+
+
+def test_moe_ffn_refuses_a_second_backward_through_the_same_graph(gkt):
+    layer, _ = make_pair(gkt, 16, 24, 4, 2, "gelu")
+    out = layer(torch.randn(20, 16))
+    out.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()

@@ -8,9 +8,11 @@ plain PyTorch (TorchMoeFFN) to check it against and to measure it beside.
     out[b] = sum over j of probs[b, j] * y[row of slot b * k + j]
 
 What MoeFFN keeps for the backward: h and y (besides x and the parameters). act(h) is
-recomputed in the backward (an elementwise op), the expanded x is never made, and d_x comes from
-the fused operator without its [M, H] intermediate. TorchMoeFFN keeps, per expert, the gathered
-x, h, act(h) and y, as autograd does for its ops.
+recomputed in the backward (an elementwise op), the expanded x is never made, d_x comes from
+the fused operator without its [M, H] intermediate, the second matmul and the backward run over
+chunks of experts, so act(h) and its gradient are bounded (expert_chunks), and the two expert
+matmuls are autograd nodes of their own, so d_W2 is added into w2.grad before d_W1 exists. TorchMoeFFN keeps, per expert, the gathered x, h, act(h) and y, as autograd
+does for its ops.
 """
 import math
 
@@ -19,61 +21,143 @@ import torch.nn.functional as F
 
 from gradkit.torch import functional as gkf
 
+def _elu_backward(grad, h):
+    return gkf._ops().elu_grad_v2(grad, h, 1.0, 1.0, 1.0, False)
+
+
+# Each activation with the backward that needs only its input (so act(h) need not be kept).
 _ACTIVATIONS = {
-    "gelu": F.gelu,
-    "relu": F.relu,
-    "silu": F.silu,
-    "elu": F.elu,
+    "gelu": (F.gelu, lambda grad, h: torch.ops.aten.gelu_backward(grad, h)),
+    "relu": (F.relu, lambda grad, h: torch.ops.aten.threshold_backward(grad, h, 0)),
+    "silu": (F.silu, lambda grad, h: torch.ops.aten.silu_backward(grad, h)),
+    "elu": (F.elu, _elu_backward),
 }
 
 
 def _activation(activation):
+    """(forward, backward(grad, h) or None): a callable's backward comes from autograd."""
     if callable(activation):
-        return activation
+        return activation, None
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation is {activation!r}; it must be a callable or one of "
                          f"{sorted(_ACTIVATIONS)}")
     return _ACTIVATIONS[activation]
 
 
-class _MoeExperts(torch.autograd.Function):
-    """act(x[token(i)] @ W1[g(i)]) @ W2[g(i)], keeping only h = x @ W1 for the backward."""
+def _activation_grad(act, act_backward, grad, h):
+    if act_backward is not None:
+        return act_backward(grad, h)
+    with torch.enable_grad():
+        h_leaf = h.detach().requires_grad_()
+        (dh,) = torch.autograd.grad(act(h_leaf), h_leaf, grad)
+    return dh
+
+
+# The experts run in chunks of whole experts, in expert order, each with about this many bytes
+# of [rows, F] temporaries (at least one expert): act(h), its gradient and d_h then exist for
+# one chunk at a time, not for all M rows. The split depends on the routing and F only.
+CHUNK_BYTES = 16 << 20
+
+
+def expert_chunks(counts, row_bytes, chunk_bytes=None):
+    """[(first expert, end expert, first row, end row)]: consecutive experts, their rows."""
+    chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    chunks, g0, r0, rows = [], 0, 0, 0
+    for g, c in enumerate(counts):
+        if rows > 0 and (rows + c) * row_bytes > chunk_bytes:
+            chunks.append((g0, g, r0, r0 + rows))
+            g0, r0, rows = g, r0 + rows, 0
+        rows += c
+    chunks.append((g0, len(counts), r0, r0 + rows))
+    return chunks
+
+
+class _ExpertsUp(torch.autograd.Function):
+    """h = x[token(i)] @ W1[g(i)], x read through the routing. Backward, chunk by chunk: d_x by
+    the fused operator (summed over the chunks in order) and d_W1 by the weight-gradient one."""
 
     @staticmethod
-    def forward(ctx, x, w1, w2, expanded_row_idx, group_list, topk, act):
+    def forward(ctx, x, w1, expanded_row_idx, group_list, topk):
+        h = gkf._ops().grouped_matmul(x, w1, group_list, gkf.GROUP_LIST_COUNT, False,
+                                      expanded_row_idx, gkf.ROW_IDX_GATHER, topk)
+        ctx.save_for_backward(x, w1, expanded_row_idx, group_list)
+        ctx.topk = topk
+        ctx.chunks = expert_chunks(group_list.tolist(), h.shape[1] * h.element_size())
+        return h
+
+    @staticmethod
+    def backward(ctx, dh):
+        x, w1, idx, groups = ctx.saved_tensors
         ops = gkf._ops()
-        h = ops.grouped_matmul(x, w1, group_list, gkf.GROUP_LIST_COUNT, False, expanded_row_idx,
-                               gkf.ROW_IDX_GATHER, topk)
-        y = ops.grouped_matmul(act(h), w2, group_list, gkf.GROUP_LIST_COUNT)
-        ctx.save_for_backward(x, w1, w2, expanded_row_idx, group_list, h)
-        ctx.topk, ctx.act = topk, act
+        dh = dh.to(w1.dtype)
+        want_dx, want_dw1 = ctx.needs_input_grad[0:2]
+        dx = None
+        dw1 = torch.empty_like(w1) if want_dw1 and len(ctx.chunks) > 1 else None
+        for g0, g1, r0, r1 in ctx.chunks:
+            counts, dh_c, idx_c = groups[g0:g1], dh[r0:r1], idx[r0:r1]
+            if want_dx:
+                part = ops.moe_init_routing_grouped_matmul_grad(
+                    dh_c, w1[g0:g1], idx_c, counts, x.shape[0], ctx.topk, gkf.ROW_IDX_GATHER,
+                    gkf.GROUP_LIST_COUNT)
+                dx = part if dx is None else dx.add_(part)
+                del part
+            if want_dw1:
+                part = ops.grouped_matmul_weight_grad(x, dh_c, counts, gkf.GROUP_LIST_COUNT, idx_c,
+                                                      gkf.ROW_IDX_GATHER, ctx.topk, w1.dtype)
+                if dw1 is None:
+                    dw1 = part
+                else:
+                    dw1[g0:g1] = part
+                del part
+        return None if dx is None else dx.to(x.dtype), dw1, None, None, None
+
+
+class _ExpertsDown(torch.autograd.Function):
+    """y = act(h) @ W2[g(i)] on rows in expanded order, keeping h (act(h) is recomputed).
+    Forward and backward run chunk by chunk: act(h) and its gradient exist for one chunk. The
+    backward writes d_h over the saved h (h is this node's own input, made by _ExpertsUp), so a
+    second backward through the same graph (retain_graph) is refused by autograd's check of
+    modified saved tensors."""
+
+    @staticmethod
+    def forward(ctx, h, w2, group_list, act, act_backward):
+        ops = gkf._ops()
+        chunks = expert_chunks(group_list.tolist(), h.shape[1] * h.element_size())
+        if len(chunks) == 1:
+            y = ops.grouped_matmul(act(h), w2, group_list, gkf.GROUP_LIST_COUNT)
+        else:
+            y = h.new_empty(h.shape[0], w2.shape[2])
+            for g0, g1, r0, r1 in chunks:
+                y[r0:r1] = ops.grouped_matmul(act(h[r0:r1]), w2[g0:g1], group_list[g0:g1],
+                                              gkf.GROUP_LIST_COUNT)
+        ctx.save_for_backward(h, w2, group_list)
+        ctx.act, ctx.act_backward, ctx.chunks = act, act_backward, chunks
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, w1, w2, idx, groups, h = ctx.saved_tensors
+        h, w2, groups = ctx.saved_tensors
         ops = gkf._ops()
         dy = dy.to(w2.dtype)
-        with torch.enable_grad():
-            h_leaf = h.detach().requires_grad_()
-            a = ctx.act(h_leaf)
-        dw2 = None
-        if ctx.needs_input_grad[2]:
-            dw2 = ops.grouped_matmul_weight_grad(a.detach(), dy, groups, gkf.GROUP_LIST_COUNT,
-                                                 out_dtype=w2.dtype)
-        da = ops.grouped_matmul(dy, w2, groups, gkf.GROUP_LIST_COUNT, True)
-        (dh,) = torch.autograd.grad(a, h_leaf, da)
-        del a, da, h_leaf
-        dh = dh.to(w1.dtype)
-        dx = dw1 = None
-        if ctx.needs_input_grad[0]:
-            dx = ops.moe_init_routing_grouped_matmul_grad(
-                dh, w1, idx, groups, x.shape[0], ctx.topk, gkf.ROW_IDX_GATHER,
-                gkf.GROUP_LIST_COUNT).to(x.dtype)
-        if ctx.needs_input_grad[1]:
-            dw1 = ops.grouped_matmul_weight_grad(x, dh, groups, gkf.GROUP_LIST_COUNT, idx,
-                                                 gkf.ROW_IDX_GATHER, ctx.topk, w1.dtype)
-        return dx, dw1, dw2, None, None, None, None
+        want_dh, want_dw2 = ctx.needs_input_grad[0:2]
+        whole = len(ctx.chunks) == 1
+        dw2 = None if whole or not want_dw2 else torch.empty_like(w2)
+        for g0, g1, r0, r1 in ctx.chunks:
+            counts, h_c, dy_c = groups[g0:g1], h[r0:r1], dy[r0:r1]
+            if want_dw2:
+                part = ops.grouped_matmul_weight_grad(ctx.act(h_c), dy_c, counts,
+                                                      gkf.GROUP_LIST_COUNT, out_dtype=w2.dtype)
+                if whole:
+                    dw2 = part
+                else:
+                    dw2[g0:g1] = part
+                del part
+            if want_dh:
+                da = ops.grouped_matmul(dy_c, w2[g0:g1], counts, gkf.GROUP_LIST_COUNT, True)
+                # h's rows are not read again: d_h takes their place (no second [M, F] buffer).
+                h_c.copy_(_activation_grad(ctx.act, ctx.act_backward, da, h_c))
+                del da
+        return h if want_dh else None, dw2, None, None, None
 
 
 def top_k_gating(logits, topk):
@@ -92,7 +176,7 @@ class _MoeFFNBase(torch.nn.Module):
             raise ValueError(f"capacity is {capacity}; it must be >= 0 (0 keeps every slot)")
         self.hidden, self.ffn_hidden = hidden, ffn_hidden
         self.num_experts, self.topk, self.capacity = num_experts, topk, capacity
-        self.activation = _activation(activation)
+        self.activation, self._activation_backward = _activation(activation)
         self.router = torch.nn.Linear(hidden, num_experts, bias=False, dtype=dtype)
         self.w1 = torch.nn.Parameter(torch.empty(num_experts, hidden, ffn_hidden, dtype=dtype))
         self.w2 = torch.nn.Parameter(torch.empty(num_experts, ffn_hidden, hidden, dtype=dtype))
@@ -120,8 +204,12 @@ class MoeFFN(_MoeFFNBase):
 
     def experts(self, x, expert_idx, probs):
         routing = gkf.moe_route(x, expert_idx, self.num_experts, self.capacity)
-        y = _MoeExperts.apply(x, self.w1, self.w2, routing.expanded_row_idx, routing.group_list,
-                              routing.topk, self.activation)
+        # Two autograd nodes, so that autograd adds d_W2 into w2.grad (and frees it) before d_W1
+        # is made: a layer's two weight gradients never exist as temporaries at once.
+        h = _ExpertsUp.apply(x, self.w1, routing.expanded_row_idx, routing.group_list,
+                             routing.topk)
+        y = _ExpertsDown.apply(h, self.w2, routing.group_list, self.activation,
+                               self._activation_backward)
         return gkf.moe_combine(y, probs.to(x.dtype), routing)
 
 
