@@ -22,7 +22,9 @@
  *   expandedX [R, H]           x's dtype, contiguous; or NULL for index-only routing: only
  *                              expandedRowIdx and groupList are written (R is then
  *                              expandedRowIdx's length for rowIdxType 0), and the layer's matmuls
- *                              read x through the indices (gkGroupedMatmul gather-fused)
+ *                              read x through the indices (gkGroupedMatmul gather-fused).
+ *                              NULL is not an error here: check gkCreateTensor's result
+ *                              before passing it, or a failed expandedX routes index-only
  *   expandedRowIdx             GK_INT32 or GK_INT64 (GK_INT32 needs batch * topK < 2^31), contiguous:
  *     rowIdxType GK_ROW_IDX_GATHER (0): [R]; entry i < M is the slot of row i, entries past M are -1
  *     rowIdxType GK_ROW_IDX_SCATTER (1): [batch * topK]; entry p is the row of slot p, -1 if dropped

@@ -70,10 +70,12 @@ class ByteReader {
     return d;
   }
   // A value in [low, high] (inclusive), from one or two bytes.
+  // (In unsigned arithmetic: a hostile bound such as INT64_MAX must not overflow; span 0 means
+  // the whole 64-bit range.)
   int64_t Range(int64_t low, int64_t high) {
-    const uint64_t span = static_cast<uint64_t>(high - low) + 1;
-    const uint64_t raw = span <= 256 ? U8() : (static_cast<uint64_t>(U8()) << 8 | U8());
-    return low + static_cast<int64_t>(raw % span);
+    const uint64_t span = static_cast<uint64_t>(high) - static_cast<uint64_t>(low) + 1;
+    const uint64_t raw = span != 0 && span <= 256 ? U8() : (static_cast<uint64_t>(U8()) << 8 | U8());
+    return static_cast<int64_t>(static_cast<uint64_t>(low) + (span == 0 ? raw : raw % span));
   }
   template <typename T, size_t N>
   T Pick(const T (&options)[N]) {
