@@ -103,7 +103,7 @@ def step(module, x, dout):
 
 
 def test_expert_chunks_cover_every_expert_and_row_once():
-    from gradkit.torch.moe import expert_chunks
+    from gradkit.torch.functional import expert_chunks
     counts = [3, 0, 7, 2, 0, 0, 9, 1]
     for budget in (1, 8, 40, 10 ** 9):
         chunks = expert_chunks(counts, 4, budget)
@@ -123,8 +123,8 @@ def test_expert_chunks_cover_every_expert_and_row_once():
 @pytest.mark.parametrize("chunk_bytes", [16 << 20, 1500])
 def test_moe_ffn_gradients_equal_the_torch_modules(gkt, monkeypatch, activation, topk, capacity,
                                                    chunk_bytes):
-    import gradkit.torch.moe
-    monkeypatch.setattr(gradkit.torch.moe, "CHUNK_BYTES", chunk_bytes)  # 1500: a few experts each
+    import gradkit.torch.functional
+    monkeypatch.setattr(gradkit.torch.functional, "CHUNK_BYTES", chunk_bytes)  # 1500: a few experts each
     layer, peer = make_pair(gkt, 32, 48, 8, topk, activation, capacity, seed=topk)
     x = torch.randn(2, 30, 32)
     dout = torch.randn(2, 30, 32)

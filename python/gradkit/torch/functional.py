@@ -86,31 +86,65 @@ def elu(x, alpha=1.0, scale=1.0, input_scale=1.0, save_result=False):
     return _Elu.apply(x, float(alpha), float(scale), float(input_scale), bool(save_result))
 
 
+# Expert matmuls' backwards (and MoeFFN's second matmul) run in chunks of whole experts, in
+# expert order, each with about this many bytes of [rows, F] temporaries (at least one expert):
+# those temporaries exist for one chunk at a time, not for all M rows. The split depends on the
+# routing and F only.
+CHUNK_BYTES = 16 << 20
+
+
+def expert_chunks(counts, row_bytes, chunk_bytes=None):
+    """[(first expert, end expert, first row, end row)]: consecutive experts, their rows."""
+    chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    chunks, g0, r0, rows = [], 0, 0, 0
+    for g, c in enumerate(counts):
+        if rows > 0 and (rows + c) * row_bytes > chunk_bytes:
+            chunks.append((g0, g, r0, r0 + rows))
+            g0, r0, rows = g, r0 + rows, 0
+        rows += c
+    chunks.append((g0, len(counts), r0, r0 + rows))
+    return chunks
+
+
 class _GroupedLinearGather(torch.autograd.Function):
-    """y[i] = x[token(i)] @ weight[g(i)], reading x through the routing."""
+    """y[i] = x[token(i)] @ weight[g(i)], x read through the routing. Backward, over chunks of
+    experts (expert_chunks): d_x by the fused operator (summed over the chunks in order) and
+    d_weight by the weight-gradient one."""
 
     @staticmethod
     def forward(ctx, x, weight, expanded_row_idx, group_list, topk):
-        y = _ops().grouped_matmul(x, weight, group_list, GROUP_LIST_COUNT, False, expanded_row_idx,
-                                  ROW_IDX_GATHER, topk)
+        y = _ops().grouped_matmul(x, weight, group_list, GROUP_LIST_COUNT, False,
+                                  expanded_row_idx, ROW_IDX_GATHER, topk)
         ctx.save_for_backward(x, weight, expanded_row_idx, group_list)
         ctx.topk = topk
+        ctx.chunks = expert_chunks(group_list.tolist(), y.shape[1] * y.element_size())
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, idx, groups = ctx.saved_tensors
+        ops = _ops()
         dy = dy.to(weight.dtype)
-        dx = dw = None
-        if ctx.needs_input_grad[0]:
-            # d_x = scatter_add(d_y @ weight^T) in one operator, no [M, H] intermediate.
-            dx = _ops().moe_init_routing_grouped_matmul_grad(
-                dy, weight, idx, groups, x.shape[0], ctx.topk, ROW_IDX_GATHER,
-                GROUP_LIST_COUNT).to(x.dtype)
-        if ctx.needs_input_grad[1]:
-            dw = _ops().grouped_matmul_weight_grad(x, dy, groups, GROUP_LIST_COUNT, idx,
-                                                   ROW_IDX_GATHER, ctx.topk, weight.dtype)
-        return dx, dw, None, None, None
+        want_dx, want_dw = ctx.needs_input_grad[0:2]
+        dx = None
+        dw = torch.empty_like(weight) if want_dw and len(ctx.chunks) > 1 else None
+        for g0, g1, r0, r1 in ctx.chunks:
+            counts, dy_c, idx_c = groups[g0:g1], dy[r0:r1], idx[r0:r1]
+            if want_dx:
+                part = ops.moe_init_routing_grouped_matmul_grad(
+                    dy_c, weight[g0:g1], idx_c, counts, x.shape[0], ctx.topk, ROW_IDX_GATHER,
+                    GROUP_LIST_COUNT)
+                dx = part if dx is None else dx.add_(part)
+                del part
+            if want_dw:
+                part = ops.grouped_matmul_weight_grad(x, dy_c, counts, GROUP_LIST_COUNT, idx_c,
+                                                      ROW_IDX_GATHER, ctx.topk, weight.dtype)
+                if dw is None:
+                    dw = part
+                else:
+                    dw[g0:g1] = part
+                del part
+        return None if dx is None else dx.to(x.dtype), dw, None, None, None
 
 
 def moe_grouped_linear(x, expert_idx, weight, capacity=0, routing=None):

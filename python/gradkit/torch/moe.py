@@ -53,76 +53,17 @@ def _activation_grad(act, act_backward, grad, h):
     return dh
 
 
-# The experts run in chunks of whole experts, in expert order, each with about this many bytes
-# of [rows, F] temporaries (at least one expert): act(h), its gradient and d_h then exist for
-# one chunk at a time, not for all M rows. The split depends on the routing and F only.
-CHUNK_BYTES = 16 << 20
-
-
-def expert_chunks(counts, row_bytes, chunk_bytes=None):
-    """[(first expert, end expert, first row, end row)]: consecutive experts, their rows."""
-    chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
-    chunks, g0, r0, rows = [], 0, 0, 0
-    for g, c in enumerate(counts):
-        if rows > 0 and (rows + c) * row_bytes > chunk_bytes:
-            chunks.append((g0, g, r0, r0 + rows))
-            g0, r0, rows = g, r0 + rows, 0
-        rows += c
-    chunks.append((g0, len(counts), r0, r0 + rows))
-    return chunks
-
-
-class _ExpertsUp(torch.autograd.Function):
-    """h = x[token(i)] @ W1[g(i)], x read through the routing. Backward, chunk by chunk: d_x by
-    the fused operator (summed over the chunks in order) and d_W1 by the weight-gradient one."""
-
-    @staticmethod
-    def forward(ctx, x, w1, expanded_row_idx, group_list, topk):
-        h = gkf._ops().grouped_matmul(x, w1, group_list, gkf.GROUP_LIST_COUNT, False,
-                                      expanded_row_idx, gkf.ROW_IDX_GATHER, topk)
-        ctx.save_for_backward(x, w1, expanded_row_idx, group_list)
-        ctx.topk = topk
-        ctx.chunks = expert_chunks(group_list.tolist(), h.shape[1] * h.element_size())
-        return h
-
-    @staticmethod
-    def backward(ctx, dh):
-        x, w1, idx, groups = ctx.saved_tensors
-        ops = gkf._ops()
-        dh = dh.to(w1.dtype)
-        want_dx, want_dw1 = ctx.needs_input_grad[0:2]
-        dx = None
-        dw1 = torch.empty_like(w1) if want_dw1 and len(ctx.chunks) > 1 else None
-        for g0, g1, r0, r1 in ctx.chunks:
-            counts, dh_c, idx_c = groups[g0:g1], dh[r0:r1], idx[r0:r1]
-            if want_dx:
-                part = ops.moe_init_routing_grouped_matmul_grad(
-                    dh_c, w1[g0:g1], idx_c, counts, x.shape[0], ctx.topk, gkf.ROW_IDX_GATHER,
-                    gkf.GROUP_LIST_COUNT)
-                dx = part if dx is None else dx.add_(part)
-                del part
-            if want_dw1:
-                part = ops.grouped_matmul_weight_grad(x, dh_c, counts, gkf.GROUP_LIST_COUNT, idx_c,
-                                                      gkf.ROW_IDX_GATHER, ctx.topk, w1.dtype)
-                if dw1 is None:
-                    dw1 = part
-                else:
-                    dw1[g0:g1] = part
-                del part
-        return None if dx is None else dx.to(x.dtype), dw1, None, None, None
-
-
 class _ExpertsDown(torch.autograd.Function):
     """y = act(h) @ W2[g(i)] on rows in expanded order, keeping h (act(h) is recomputed).
     Forward and backward run chunk by chunk: act(h) and its gradient exist for one chunk. The
-    backward writes d_h over the saved h (h is this node's own input, made by _ExpertsUp), so a
+    backward writes d_h over the saved h (h is this node's own input, made by the gathered first matmul), so a
     second backward through the same graph (retain_graph) is refused by autograd's check of
     modified saved tensors."""
 
     @staticmethod
     def forward(ctx, h, w2, group_list, act, act_backward):
         ops = gkf._ops()
-        chunks = expert_chunks(group_list.tolist(), h.shape[1] * h.element_size())
+        chunks = gkf.expert_chunks(group_list.tolist(), h.shape[1] * h.element_size())
         if len(chunks) == 1:
             y = ops.grouped_matmul(act(h), w2, group_list, gkf.GROUP_LIST_COUNT)
         else:
@@ -206,7 +147,7 @@ class MoeFFN(_MoeFFNBase):
         routing = gkf.moe_route(x, expert_idx, self.num_experts, self.capacity)
         # Two autograd nodes, so that autograd adds d_W2 into w2.grad (and frees it) before d_W1
         # is made: a layer's two weight gradients never exist as temporaries at once.
-        h = _ExpertsUp.apply(x, self.w1, routing.expanded_row_idx, routing.group_list,
+        h = gkf._GroupedLinearGather.apply(x, self.w1, routing.expanded_row_idx, routing.group_list,
                              routing.topk)
         y = _ExpertsDown.apply(h, self.w2, routing.group_list, self.activation,
                                self._activation_backward)
