@@ -179,20 +179,24 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
       // B of (expert g, column block): copied into the B tile when needed, then prepared (packed
       // by the library) once for all the row blocks the thread runs in a row.
       if (slots.b_expert != g || slots.b_col != col_block) {
-        const void* b = w + (g * s.n + n0) * s.k * elem;  // [N, K] rows of expert g, in place
-        if (p.b_copied) {
-          if (s.weight_nk) {  // float16 [N, K] rows: converted
-            for (int64_t c = 0; c < cols; ++c) {
-              MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(w + (g * s.n + n0 + c) * s.k * elem),
-                                 reinterpret_cast<float*>(slots.b_tile) + c * s.k, s.k);
+        if (p.b_from_kn) {  // [K, N] rows, packed by the library in one pass
+          slots.b_ready = slots.gemm->PrepareBFromKN(cols, s.k, w + (g * s.k * s.n + n0) * elem);
+        } else {
+          const void* b = w + (g * s.n + n0) * s.k * elem;  // [N, K] rows of expert g, in place
+          if (p.b_copied) {
+            if (s.weight_nk) {  // float16 [N, K] rows: converted
+              for (int64_t c = 0; c < cols; ++c) {
+                MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(w + (g * s.n + n0 + c) * s.k * elem),
+                                   reinterpret_cast<float*>(slots.b_tile) + c * s.k, s.k);
+              }
+            } else {  // [K, N]: the block's columns become the B tile's rows
+              GroupedMatmulTransposeBlock(s.dtype, w + (g * s.k * s.n + n0) * elem, s.n, s.k, cols,
+                                          slots.b_tile, s.k);
             }
-          } else {  // [K, N]: the block's columns become the B tile's rows
-            GroupedMatmulTransposeBlock(s.dtype, w + (g * s.k * s.n + n0) * elem, s.n, s.k, cols,
-                                        slots.b_tile, s.k);
+            b = slots.b_tile;
           }
-          b = slots.b_tile;
+          slots.b_ready = slots.gemm->PrepareB(cols, s.k, b);
         }
-        slots.b_ready = slots.gemm->PrepareB(cols, s.k, b);
         slots.b_expert = g;
         slots.b_col = col_block;
       }
@@ -255,24 +259,34 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
     const char* dy = Base(operand_);
     for (int64_t c0 = begin; c0 < end; c0 += p.reduce) {
       const int64_t chunk = std::min(p.reduce, end - c0);
+      const int64_t reduce = PaddedRows(chunk);  // p.reduce but for an expert's last chunk
       // The chunk's x columns [k0, k1) and gradY columns [n0, n1), transposed once for the group:
-      // A = [k, row] (zero rows up to the last block's padding), B = [n, row].
+      // A = [k, row] (zero rows up to the last block's padding), B = [n, row], rows of `reduce`
+      // (zeros past the chunk).
       for (int64_t r = 0; r < chunk; ++r) rows[r] = XRow(tables, c0 + r) + k0 * elem;
-      GroupedMatmulTransposeRows(s.dtype, rows.data(), chunk, k1 - k0, slots.a_tile, p.reduce);
+      GroupedMatmulTransposeRows(s.dtype, rows.data(), chunk, k1 - k0, slots.a_tile, reduce);
       const int64_t padded_end = (kb_end - 1 - kb_begin) * p.base_m + PaddedRows(k_rows(kb_end - 1));
       if (padded_end > k1 - k0) {
-        std::memset(slots.a_tile + (k1 - k0) * p.reduce * gemm_elem, 0,
-                    static_cast<size_t>((padded_end - (k1 - k0)) * p.reduce * gemm_elem));
+        std::memset(slots.a_tile + (k1 - k0) * reduce * gemm_elem, 0,
+                    static_cast<size_t>((padded_end - (k1 - k0)) * reduce * gemm_elem));
       }
-      for (int64_t r = 0; r < chunk; ++r) rows[r] = dy + ((c0 + r) * s.n + n0) * elem;
-      GroupedMatmulTransposeRows(s.dtype, rows.data(), chunk, n1 - n0, slots.b_tile, p.reduce);
-      // Each column block's B prepared (packed by the library) once for the group's K blocks.
+      // B = gradY(chunk)^T: packed straight from the chunk's rows when it is full, else from a
+      // transposed, zero-padded copy. Either way each column block's B is prepared once for the
+      // group's K blocks, into the same packed layout (the GEMM's bits do not depend on it).
+      const bool b_from_kn = p.b_from_kn && chunk == reduce;
+      if (!b_from_kn) {
+        for (int64_t r = 0; r < chunk; ++r) rows[r] = dy + ((c0 + r) * s.n + n0) * elem;
+        GroupedMatmulTransposeRows(s.dtype, rows.data(), chunk, n1 - n0, slots.b_tile, reduce);
+      }
       for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
-        const void* b = slots.gemm->PrepareB(
-            BlockCols(nb), p.reduce, slots.b_tile + (nb - nb_begin) * p.base_n * p.reduce * gemm_elem);
+        const void* b =
+            b_from_kn
+                ? slots.gemm->PrepareBFromKN(BlockCols(nb), reduce, dy + (c0 * s.n + nb * p.base_n) * elem)
+                : slots.gemm->PrepareB(BlockCols(nb), reduce,
+                                       slots.b_tile + (nb - nb_begin) * p.base_n * reduce * gemm_elem);
         for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
-          const char* a = slots.a_tile + (kb - kb_begin) * p.base_m * p.reduce * gemm_elem;
-          slots.gemm->Run(PaddedRows(k_rows(kb)), BlockCols(nb), p.reduce,
+          const char* a = slots.a_tile + (kb - kb_begin) * p.base_m * reduce * gemm_elem;
+          slots.gemm->Run(PaddedRows(k_rows(kb)), BlockCols(nb), reduce,
                           /*accumulate=*/c0 > begin, a, b, tile(kb, nb));
         }
       }

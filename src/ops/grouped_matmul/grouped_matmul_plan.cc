@@ -32,7 +32,11 @@ struct Tiles {
   int64_t row_blocks, last_block_rows, col_blocks, last_block_cols;
 };
 
-bool ForwardCopiesB(const GroupedMatmulShape& s) { return !s.weight_nk || s.dtype == DType::kF16; }
+// Whether B may be packed by the GEMM straight from rows of [reduce, width] (row stride N):
+// the forward's [K, N] weights, the weight grad's gradY rows. float16 is converted first.
+bool MayPackBFromKN(const GroupedMatmulShape& s) {
+  return s.dtype != DType::kF16 && (s.op == GroupedMatmulOp::kWeightGrad || !s.weight_nk);
+}
 
 Tiles ChooseTiles(const GroupedMatmulShape& s) {
   Tiles t{};
@@ -82,16 +86,31 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
   g.widths = {t.base_n};
   if (t.last_block_cols != t.base_n) g.widths.push_back(t.last_block_cols);
   g.steps = {{t.reduce, false}};
-  if (s.op == GroupedMatmulOp::kWeightGrad) g.steps.push_back({t.reduce, true});
+  if (s.op == GroupedMatmulOp::kWeightGrad) {
+    // Rows: K blocks, all full but the last. Reduction: full chunks of base_r rows, and an
+    // expert's last chunk only as long as its rows padded to the granule (not to base_r: with
+    // many experts most have fewer rows than base_r), its copies dense in that length.
+    const int64_t last_rows = RoundUp(t.last_block_rows, kGroupedMatmulRowGranule);
+    g.row_counts = {last_rows};
+    if (last_rows != t.base_m) g.row_counts.push_back(t.base_m);
+    g.dense_steps = true;
+    g.steps.clear();
+    for (int64_t r = kGroupedMatmulRowGranule; r <= t.reduce; r += kGroupedMatmulRowGranule) {
+      g.steps.push_back({r, false});
+      g.steps.push_back({r, true});
+    }
+  }
   // The executors prepare each B once for several calls: the forward per (expert, column block)
   // for its row blocks, the weight grad per (chunk, column block) for its K blocks.
   g.prepared_b = true;
+  if (MayPackBFromKN(s)) g.ldb_kn = s.n;
   return g;
 }
 
 GroupedMatmulMachine GroupedMatmulMachineOf(const MoeTileGemm& gemm, const MoeTileGemmShape& shape,
                                             int32_t threads) {
-  GroupedMatmulMachine machine{threads, gemm.scratchpad_bytes(), gemm.name(), {}};
+  GroupedMatmulMachine machine{threads, gemm.scratchpad_bytes(), gemm.name(), {},
+                               gemm.packs_b(), gemm.prepares_b_from_kn()};
   for (int64_t width : shape.widths) machine.gemm_impls.emplace_back(width, gemm.impl(width));
   return machine;
 }
@@ -123,10 +142,12 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     p.k_group_blocks = p.n_group_blocks = 1;
     p.units = s.m == 0 ? 0 : p.row_blocks * p.col_blocks;
     p.a_copied = s.gather_fused || s.dtype == DType::kF16;
-    p.b_copied = ForwardCopiesB(s);
-    // A copied B tile is worth more than a copied A tile: transposing a weight block costs more
-    // than gathering (or converting) x's rows, so it is the one kept across units.
-    p.column_block_first = p.b_copied;
+    p.b_from_kn = !s.weight_nk && MayPackBFromKN(s) && machine.packs_b_from_kn;
+    p.b_copied = s.dtype == DType::kF16 || (!s.weight_nk && !p.b_from_kn);
+    // A copied or packed B block is worth more than a copied A tile: a pass over a weight block
+    // costs about what gathering (or converting) x's rows does, and it serves only the rows of
+    // one expert, so it is the one kept across units.
+    p.column_block_first = p.b_copied || machine.packs_b;
     p.c_tile_elems = p.base_m * p.base_n;
     // A: a row block and the padding its last segment's GEMM reads past it.
     p.a_tile_elems = (p.base_m + p.row_granule) * s.k;
@@ -137,7 +158,8 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     p.k_group_blocks = std::clamp<int64_t>(kGroupedMatmulGradGroupElems / (p.base_m * group_cols), 1,
                                            std::min(kGroupedMatmulGradGroupBlocks, p.row_blocks));
     p.units = s.g * p.KGroups() * p.NGroups();
-    p.a_copied = p.b_copied = true;
+    p.a_copied = p.b_copied = true;  // b: an expert's last, zero-padded chunk at least
+    p.b_from_kn = MayPackBFromKN(s) && machine.packs_b_from_kn;
     p.column_block_first = false;
     p.c_tile_elems = p.k_group_blocks * p.n_group_blocks * p.base_m * p.base_n;
     p.a_tile_elems = s.m == 0 ? 0 : p.k_group_blocks * p.base_m * p.reduce;
@@ -194,7 +216,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       "{}\"base_m\": {}, \"base_n\": {}, \"reduce\": {}, \"row_granule\": {}, "
       "\"work_split\": {{\"row_blocks\": {}, \"last_block_rows\": {}, \"col_blocks\": {}, "
       "\"last_block_cols\": {}, \"k_group_blocks\": {}, \"n_group_blocks\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_grab\": {}}}, "
-      "\"a_copied\": {}, \"b_copied\": {}, \"threads\": {}, \"machine_threads\": {}, "
+      "\"a_copied\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"threads\": {}, \"machine_threads\": {}, "
       "\"thread_bytes\": {}, \"workspace\": {{\"alignment\": {}, \"c_tiles\": {}, \"a_tiles\": {}, "
       "\"b_tiles\": {}, \"system\": {}, \"group_offsets\": {}, \"row_token\": {}, \"end\": {}}}, "
       "\"workspace_bytes\": {}}}",
@@ -206,7 +228,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       p.last_block_cols, p.k_group_blocks, p.n_group_blocks, p.units,
       forward ? (p.column_block_first ? "column_block_first" : "row_block_first")
               : "expert_k_group_n_group",
-      p.units_per_grab, p.a_copied, p.b_copied, p.threads, p.machine_threads, p.thread_bytes,
+      p.units_per_grab, p.a_copied, p.b_copied, p.b_from_kn, p.threads, p.machine_threads, p.thread_bytes,
       kGroupedMatmulAlignment, region(l.c_tiles), region(l.a_tiles), region(l.b_tiles),
       region(l.system), region(l.group_offsets), region(l.row_token), l.end, p.workspace_bytes);
 }

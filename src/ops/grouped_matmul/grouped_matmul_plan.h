@@ -8,11 +8,13 @@
 // then rounds C into y. A is x's rows read in place (plain float32 / bfloat16 x) or the row
 // block gathered into the thread's A tile once (gather-fused: the token rows; float16: converted);
 // B is the weight block read in place ([G, N, K] storage, float32 / bfloat16) or copied into the
-// thread's B tile ([G, K, N] storage: transposed; float16: converted), then packed by the GEMM
-// library once (Worker::PrepareB) for as long as the thread's units use it. When B is copied, units
-// run column block first, so a thread copies each (expert, column block) once for all the row
-// blocks it runs in a row (a gathered A is then gathered again per unit, which costs less than a
-// transposed B); otherwise row block first, so a gathered A serves every column block.
+// thread's B tile (float16: converted; [G, K, N] storage: transposed, unless the GEMM library
+// packs straight from [K, N] rows, as oneDNN 2.x does), then packed by the GEMM library once
+// (Worker::PrepareB / PrepareBFromKN) for as long as the thread's units use it. When B is copied
+// or packed, units run column block first, so a thread prepares each (expert, column block) once
+// for all the row blocks it runs in a row (a gathered A is then gathered again per unit: one pass
+// over the rows of x, where B's pass serves only one expert's rows); otherwise row block first,
+// so a gathered A serves every column block.
 //
 // GroupedMatmulWeightGrad: gradWeight is cut into tiles of (expert g) x (block of base_m of K) x
 // (block of base_n of N). Each tile sums its expert's rows in chunks of base_r rows, ascending
@@ -58,6 +60,8 @@ struct GroupedMatmulMachine {
   uint64_t gemm_scratchpad_bytes;
   std::string gemm_backend;
   std::vector<std::pair<int64_t, std::string>> gemm_impls;  // per column width
+  bool packs_b = false;          // the GEMM packs each prepared B once (Worker::PrepareB)
+  bool packs_b_from_kn = false;  // ... and packs [K, N] weight rows itself (no transposed copy)
 };
 
 struct GroupedMatmulRegion {
@@ -93,9 +97,13 @@ struct GroupedMatmulPlan {
   int64_t k_group_blocks;  // weight grad: K blocks per unit (forward: 1)
   int64_t n_group_blocks;  // weight grad: column blocks per unit (forward: 1)
   int64_t units;         // forward: row_blocks * col_blocks; weight grad: G * k groups * n groups
-  bool column_block_first;  // forward: units ordered (column block, row block): when B is copied
+  bool column_block_first;  // forward: units ordered (column block, row block): B copied or packed
   bool a_copied;         // forward: A always goes through the A tile (gather-fused or float16)
   bool b_copied;         // forward: B always goes through the B tile ([G, K, N] or float16)
+  // B packed by the GEMM straight from [reduce, width] rows of stride N (PrepareBFromKN): the
+  // forward's [G, K, N] weights; the weight grad's gradY rows for every full chunk (an expert's
+  // last, partial chunk goes through the zero-padded B tile).
+  bool b_from_kn;
   int64_t c_tile_elems;  // per thread: float32 tiles of [base_m, base_n] (one, or a unit's)
   int64_t a_tile_elems;  // per thread
   int64_t b_tile_elems;  // per thread

@@ -78,6 +78,38 @@ TEST(grouped_matmul_plan, UnitOrderFollowsTheCopiedOperand) {
   EXPECT_EQ(MakeGroupedMatmulPlan(s, Machine(2)).gemm_dtype, DType::kBF16);
 }
 
+// A GEMM that packs B itself (oneDNN 2.x): [G, K, N] weights are packed from their rows, no
+// transposed copy, and units run column block first (the packed block serves every row block a
+// thread runs in a row); float16 weights are still converted first.
+TEST(grouped_matmul_plan, PackingGemmTakesKNWeightRows) {
+  GroupedMatmulMachine packing = Machine(2);
+  packing.packs_b = packing.packs_b_from_kn = true;
+  auto s = Shape(GroupedMatmulOp::kForward, 1000, 64, 512, 4);
+  auto p = MakeGroupedMatmulPlan(s, packing);
+  EXPECT_TRUE(p.b_from_kn);
+  EXPECT_FALSE(p.b_copied);
+  EXPECT_EQ(p.b_tile_elems, 0);
+  EXPECT_TRUE(p.column_block_first);
+  EXPECT_EQ(GroupedMatmulTileGemmShape(s).ldb_kn, 512);  // N: the weight rows' stride
+  s.weight_nk = true;  // [N, K] rows: packed as they are
+  p = MakeGroupedMatmulPlan(s, packing);
+  EXPECT_FALSE(p.b_from_kn || p.b_copied);
+  EXPECT_TRUE(p.column_block_first);
+  s.weight_nk = false;
+  s.dtype = DType::kF16;
+  p = MakeGroupedMatmulPlan(s, packing);
+  EXPECT_FALSE(p.b_from_kn);
+  EXPECT_TRUE(p.b_copied);
+  EXPECT_EQ(GroupedMatmulTileGemmShape(s).ldb_kn, 0);
+  // Without that capability: the transposed copy, as before.
+  EXPECT_TRUE(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 1000, 64, 512, 4), Machine(2)).b_copied);
+  // Weight grad: full chunks packed from gradY's rows (stride N), partial ones through the tile.
+  const auto grad = Shape(GroupedMatmulOp::kWeightGrad, 1000, 64, 512, 4);
+  p = MakeGroupedMatmulPlan(grad, packing);
+  EXPECT_TRUE(p.b_from_kn && p.b_copied);
+  EXPECT_EQ(GroupedMatmulTileGemmShape(grad).ldb_kn, 512);
+}
+
 // Column blocks of one width where N allows (N = 1408 = 8 x 176); else 256 and a tail.
 TEST(grouped_matmul_plan, ColumnBlocksDivideN) {
   for (auto op : {GroupedMatmulOp::kForward, GroupedMatmulOp::kWeightGrad}) {
@@ -121,9 +153,17 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
   const auto few = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 20, 8, 8, 1), Machine(3));
   EXPECT_EQ(few.reduce, 32);
   const MoeTileGemmShape gemm = GroupedMatmulTileGemmShape(Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8));
-  ASSERT_EQ(gemm.steps.size(), 2u);  // the first chunk writes, the rest add
-  EXPECT_FALSE(gemm.steps[0].accumulate);
-  EXPECT_TRUE(gemm.steps[1].accumulate);
+  // Every chunk length an expert can end with (its rows padded to 16, up to base_r), each as
+  // the first chunk (writes) and a later one (adds); A and B dense in that length.
+  ASSERT_EQ(gemm.steps.size(), 2u * 256 / 16);
+  for (size_t i = 0; i < gemm.steps.size(); ++i) {
+    EXPECT_EQ(gemm.steps[i].reduce, static_cast<int64_t>(i / 2 + 1) * 16);
+    EXPECT_EQ(gemm.steps[i].accumulate, i % 2 == 1);
+  }
+  EXPECT_TRUE(gemm.dense_steps);
+  EXPECT_EQ(gemm.LdaOf(48), 48);
+  // Rows: the K blocks, full or the last one padded (300 - 256 = 44 -> 48).
+  EXPECT_EQ(gemm.row_counts, (std::vector<int64_t>{48, 256}));
   EXPECT_EQ(gemm.widths, (std::vector<int64_t>{256, 600 - 512}));
 }
 

@@ -37,8 +37,8 @@ class OwnTileGemm final : public MoeTileGemm {
     explicit OwnWorker(const MoeTileGemmShape& shape) : shape_(shape) {}
     void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
              const void* b, float* c) override {
-      MoeGemmTileOwn(shape_.gemm_dtype, rows, width, reduce, a, shape_.lda, b, shape_.ldb, c,
-                     shape_.ldc, accumulate);
+      MoeGemmTileOwn(shape_.gemm_dtype, rows, width, reduce, a, shape_.LdaOf(reduce), b,
+                     shape_.LdbOf(reduce), c, shape_.ldc, accumulate);
     }
 
    private:
@@ -113,9 +113,11 @@ class OmpThreadsScope {
   int saved_ = 0, threads_ = 0;
 };
 
-// B as the caller holds it: the matmul's [reduce, width] weights with strides {1, ldb}.
-dnnl::memory::desc PlainB(DType dtype, int64_t reduce, int64_t width, int64_t ldb) {
-  return dnnl::memory::desc({reduce, width}, DnnlType(dtype), dnnl::memory::dims{1, ldb});
+// B as the caller holds it: the matmul's [reduce, width] weights with strides {1, ldb}; or,
+// kn, their transpose's rows: strides {ldb, 1}.
+dnnl::memory::desc PlainB(DType dtype, int64_t reduce, int64_t width, int64_t ldb, bool kn = false) {
+  return dnnl::memory::desc({reduce, width}, DnnlType(dtype),
+                            kn ? dnnl::memory::dims{ldb, 1} : dnnl::memory::dims{1, ldb});
 }
 
 // C[rows, width] (+)= A[rows, reduce] * B[width, reduce]^T. With packed_b, the weights are in
@@ -151,7 +153,10 @@ class OneDnnTileGemm final : public MoeTileGemm {
   explicit OneDnnTileGemm(const MoeTileGemmShape& shape) : shape_(shape) {
     // Single-threaded descriptors: each call runs on one thread of gradkit's pool.
     const OmpThreadsScope one(1);
-    row_steps_ = shape.max_rows / shape.row_granule;
+    rows_ = shape.row_counts;
+    if (rows_.empty()) {
+      for (int64_t r = shape.row_granule; r <= shape.max_rows; r += shape.row_granule) rows_.push_back(r);
+    }
     // Packed B needs one layout per (width, reduce) whatever the row count; where the library
     // picks different ones, B is read in place instead.
     if (!(shape.prepared_b && kPackBOnce && MakeEntries(/*packed_b=*/true))) {
@@ -174,6 +179,8 @@ class OneDnnTileGemm final : public MoeTileGemm {
   }
   // The packed B (when used) first, then the library's scratchpad.
   uint64_t scratchpad_bytes() const override { return packed_b_bytes_ + scratchpad_bytes_; }
+  bool packs_b() const override { return packed_b_; }
+  bool prepares_b_from_kn() const override { return packed_b_ && shape_.ldb_kn > 0; }
 
   class DnnlWorker final : public Worker {
    public:
@@ -182,21 +189,17 @@ class OneDnnTileGemm final : public MoeTileGemm {
           packed_b_(scratchpad),
           scratchpad_(static_cast<char*>(scratchpad) + gemm.packed_b_bytes_),
           bound_(gemm.entries_.size()),
-          pack_bound_(gemm.packs_.size()) {}
+          pack_bound_(gemm.packs_.size()),
+          pack_kn_bound_(gemm.packs_.size()) {}
     const void* PrepareB(int64_t width, int64_t reduce, const void* b) override {
       if (!gemm_.packed_b_) return b;
-      const size_t index = gemm_.PackIndex(width, reduce);
-      const Pack& pack = gemm_.packs_[index];
-      std::optional<PackBound>& bound = pack_bound_[index];
-      if (!bound) {
-        bound.emplace();
-        bound->src = dnnl::memory(pack.src, Engine(), const_cast<void*>(b));
-        bound->dst = dnnl::memory(pack.dst, Engine(), packed_b_);
-      } else {
-        bound->src.set_data_handle(const_cast<void*>(b));
+      return PackB(width, reduce, b, /*kn=*/false);
+    }
+    const void* PrepareBFromKN(int64_t width, int64_t reduce, const void* b_kn) override {
+      if (!gemm_.prepares_b_from_kn()) {
+        throw std::logic_error("MoE tile GEMM: B^T rows were not prepared for");
       }
-      pack.reorder.execute(ThreadStream(), bound->src, bound->dst);
-      return packed_b_;
+      return PackB(width, reduce, b_kn, /*kn=*/true);
     }
     void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
              const void* b, float* c) override {
@@ -224,6 +227,21 @@ class OneDnnTileGemm final : public MoeTileGemm {
     }
 
    private:
+    const void* PackB(int64_t width, int64_t reduce, const void* b, bool kn) {
+      const size_t index = gemm_.PackIndex(width, reduce);
+      const OneDnnTileGemm::Pack& pack = gemm_.packs_[index];
+      std::optional<PackBound>& bound = (kn ? pack_kn_bound_ : pack_bound_)[index];
+      if (!bound) {
+        bound.emplace();
+        bound->src = dnnl::memory(kn ? pack.src_kn : pack.src, Engine(), const_cast<void*>(b));
+        bound->dst = dnnl::memory(pack.dst, Engine(), packed_b_);
+      } else {
+        bound->src.set_data_handle(const_cast<void*>(b));
+      }
+      (kn ? pack.reorder_kn : pack.reorder).execute(ThreadStream(), bound->src, bound->dst);
+      return packed_b_;
+    }
+
     struct Bound {
       dnnl::memory a, b, c;
       std::unordered_map<int, dnnl::memory> args;
@@ -235,7 +253,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
     void* packed_b_;
     void* scratchpad_;
     std::vector<std::optional<Bound>> bound_;
-    std::vector<std::optional<PackBound>> pack_bound_;
+    std::vector<std::optional<PackBound>> pack_bound_, pack_kn_bound_;
   };
   std::unique_ptr<Worker> MakeWorker(void* scratchpad) const override {
     return std::make_unique<DnnlWorker>(*this, scratchpad);
@@ -247,11 +265,14 @@ class OneDnnTileGemm final : public MoeTileGemm {
     dnnl::matmul primitive;
     int64_t width;
   };
-  // The reorder of one (width, reduce)'s B from the caller's layout into the packed one.
+  // The reorder of one (width, reduce)'s B from the caller's layout into the packed one, and
+  // (shape.ldb_kn > 0) from B^T's rows.
   struct Pack {
     int64_t width, reduce;
     dnnl::memory::desc src, dst;
     dnnl::reorder reorder;
+    dnnl::memory::desc src_kn;
+    dnnl::reorder reorder_kn;
   };
 
   // Every matmul the shape needs, in Index order. With packed_b, false (and nothing kept) when
@@ -264,9 +285,10 @@ class OneDnnTileGemm final : public MoeTileGemm {
     packed_b_ = packed_b;
     for (int64_t width : shape_.widths) {
       for (const auto& step : shape_.steps) {
-        for (int64_t s = 1; s <= row_steps_; ++s) {
-          Entry e{MatmulDesc(shape_.gemm_dtype, s * shape_.row_granule, step.reduce, width,
-                             shape_.lda, shape_.ldb, shape_.ldc, step.accumulate,
+        for (const int64_t rows : rows_) {
+          Entry e{MatmulDesc(shape_.gemm_dtype, rows, step.reduce, width,
+                             shape_.LdaOf(step.reduce), shape_.LdbOf(step.reduce), shape_.ldc,
+                             step.accumulate,
                              /*user_scratchpad=*/true, packed_b),
                   {}, width};
           e.primitive = dnnl::matmul(e.pd);
@@ -287,10 +309,16 @@ class OneDnnTileGemm final : public MoeTileGemm {
     for (const Pack& p : packs_) {
       if (p.width == width && p.reduce == reduce) return p.dst == packed;
     }
-    Pack p{width, reduce, PlainB(shape_.gemm_dtype, reduce, width, shape_.ldb), packed, {}};
+    Pack p{width, reduce, PlainB(shape_.gemm_dtype, reduce, width, shape_.LdbOf(reduce)), packed, {}, {}, {}};
     const dnnl::reorder::primitive_desc pd(Engine(), p.src, Engine(), p.dst);
     if (pd.scratchpad_desc().get_size() != 0) return false;
     p.reorder = dnnl::reorder(pd);
+    if (shape_.ldb_kn > 0) {
+      p.src_kn = PlainB(shape_.gemm_dtype, reduce, width, shape_.ldb_kn, /*kn=*/true);
+      const dnnl::reorder::primitive_desc kn_pd(Engine(), p.src_kn, Engine(), p.dst);
+      if (kn_pd.scratchpad_desc().get_size() != 0) return false;
+      p.reorder_kn = dnnl::reorder(kn_pd);
+    }
     packed_b_bytes_ = std::max<uint64_t>(packed_b_bytes_, (packed.get_size() + 63) / 64 * 64);
     packs_.push_back(std::move(p));
     return true;
@@ -311,14 +339,13 @@ class OneDnnTileGemm final : public MoeTileGemm {
     const size_t st = static_cast<size_t>(
         std::find(shape_.steps.begin(), shape_.steps.end(), MoeTileGemmShape::Step{reduce, accumulate}) -
         shape_.steps.begin());
-    if (w == shape_.widths.size() || st == shape_.steps.size() ||
-        rows % shape_.row_granule != 0 || rows <= 0 || rows > shape_.max_rows) {
+    const size_t r = Position(rows_, rows);
+    if (w == shape_.widths.size() || st == shape_.steps.size() || r == rows_.size()) {
       throw std::logic_error(fmt::format("MoE tile GEMM: call {}x{}x{} (accumulate {}) was not "
                                          "prepared",
                                          rows, width, reduce, accumulate));
     }
-    return (w * shape_.steps.size() + st) * row_steps_ +
-           static_cast<size_t>(rows / shape_.row_granule - 1);
+    return (w * shape_.steps.size() + st) * rows_.size() + r;
   }
 
   // Runs one call of each distinct implementation on zeros: some (gemm:jit) generate their
@@ -345,17 +372,21 @@ class OneDnnTileGemm final : public MoeTileGemm {
       ThreadStream().wait();
     }
     for (const Pack& p : packs_) {  // jit reorders too
-      auto src = std::unique_ptr<void, decltype(&std::free)>(std::calloc(p.src.get_size() + 64, 1), &std::free);
-      auto dst = std::unique_ptr<void, decltype(&std::free)>(std::calloc(p.dst.get_size() + 64, 1), &std::free);
-      if (!src || !dst) throw std::bad_alloc();
-      dnnl::memory src_mem(p.src, Engine(), src.get()), dst_mem(p.dst, Engine(), dst.get());
-      p.reorder.execute(ThreadStream(), src_mem, dst_mem);
-      ThreadStream().wait();
+      for (const bool kn : {false, true}) {
+        if (kn && shape_.ldb_kn == 0) continue;
+        const dnnl::memory::desc& src_desc = kn ? p.src_kn : p.src;
+        auto src = std::unique_ptr<void, decltype(&std::free)>(std::calloc(src_desc.get_size() + 64, 1), &std::free);
+        auto dst = std::unique_ptr<void, decltype(&std::free)>(std::calloc(p.dst.get_size() + 64, 1), &std::free);
+        if (!src || !dst) throw std::bad_alloc();
+        dnnl::memory src_mem(src_desc, Engine(), src.get()), dst_mem(p.dst, Engine(), dst.get());
+        (kn ? p.reorder_kn : p.reorder).execute(ThreadStream(), src_mem, dst_mem);
+        ThreadStream().wait();
+      }
     }
   }
 
   MoeTileGemmShape shape_;
-  int64_t row_steps_ = 0;
+  std::vector<int64_t> rows_;  // the row counts prepared, ascending
   std::vector<Entry> entries_;
   std::vector<Pack> packs_;
   bool packed_b_ = false;

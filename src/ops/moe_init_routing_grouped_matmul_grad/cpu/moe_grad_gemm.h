@@ -17,10 +17,16 @@ struct MoeTileGemmShape {
   DType gemm_dtype;             // float32 or bfloat16 (A and B); C is always float32
   int64_t max_rows;             // base_m
   int64_t row_granule;          // rows are always a multiple of this
+  // The row counts called with, ascending; empty: every multiple of row_granule up to max_rows.
+  std::vector<int64_t> row_counts;
   int64_t ldc;                  // row stride of C (base_n)
   int64_t ldb;                  // row stride of B (N: weights read in place; base_k: a converted copy)
   std::vector<int64_t> widths;  // the C widths asked for (base_n, and the last block's)
   int64_t lda;                  // row stride of A: = the reduction of a step (A is dense)
+  // lda = ldb = each step's own reduce (A and B dense whatever the step; lda and ldb unused).
+  bool dense_steps = false;
+  int64_t LdaOf(int64_t reduce) const { return dense_steps ? reduce : lda; }
+  int64_t LdbOf(int64_t reduce) const { return dense_steps ? reduce : ldb; }
   // The reduction is cut into k-blocks summed in ascending order into C: each call reduces
   // `reduce` elements and either writes C or adds to it (the first k-block writes).
   struct Step {
@@ -32,6 +38,9 @@ struct MoeTileGemmShape {
   // The caller hands each B to Worker::PrepareB once and passes what it returns to every Run on
   // that B: the library then packs B into its own layout once instead of on every call.
   bool prepared_b = false;
+  // With prepared_b: when > 0, PrepareBFromKN is asked too, with B given as its transpose,
+  // [reduce, width] rows of this stride (GroupedMatmul's [G, K, N] weights read in place).
+  int64_t ldb_kn = 0;
 };
 
 // Tile GEMM: C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda) *
@@ -48,6 +57,10 @@ class MoeTileGemm {
   virtual std::string name() const = 0;                     // the library, e.g. "onednn"
   virtual std::string impl(int64_t width) const = 0;        // its implementation for that width
   virtual uint64_t scratchpad_bytes() const = 0;            // per calling thread
+  // Whether Worker::PrepareB packs B (else it hands b back and every Run reads it as it is).
+  virtual bool packs_b() const { return false; }
+  // Whether Worker::PrepareBFromKN packs from shape.ldb_kn rows (else the caller transposes B).
+  virtual bool prepares_b_from_kn() const { return false; }
 
   // What one thread runs its calls through; holds the library's per-call objects, reused.
   class Worker {
@@ -57,6 +70,12 @@ class MoeTileGemm {
     // until the next PrepareB on this worker (oneDNN: packed into the thread's scratchpad in the
     // blocked layout its kernel reads; the own kernel: b itself). Without: b itself.
     virtual const void* PrepareB(int64_t width, int64_t reduce, const void* b) { return b; }
+    // The same from B^T: [reduce, width] rows of stride shape.ldb_kn, packed in one pass (no
+    // transposed copy first). Only where prepares_b_from_kn().
+    virtual const void* PrepareBFromKN(int64_t width, int64_t reduce, const void* b_kn) {
+      (void)width, (void)reduce, (void)b_kn;
+      return nullptr;
+    }
     virtual void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
                      const void* b, float* c) = 0;
   };
