@@ -128,6 +128,45 @@ def test_grouped_matmul_weight_grad(gkt, dtype, routing):
     assert gkt.ops.grouped_matmul_weight_grad(ex, dy, counts).dtype == dtype
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_out_variants_write_the_callers_slices(gkt, dtype):
+    """grouped_matmul.out / grouped_matmul_weight_grad.out: the same bits as the plain ops,
+    written into a row slice / expert slice of a larger tensor, nothing else touched."""
+    batch, topk, experts = 50, 2, 6
+    expert_idx = ref.make_expert_idx(batch, topk, experts, 0.3, (2,), seed=11)
+    row_slot, counts = ref.route(expert_idx, experts, 0)
+    x = torch.randn(batch, 24).to(dtype)
+    w = (torch.randn(experts, 24, 40) / 4).to(dtype)
+    m = row_slot.numel()
+    y = gkt.ops.grouped_matmul(x, w, counts, 0, False, row_slot, 0, topk)
+    big = torch.full((m + 7, 40), 7.0, dtype=dtype)
+    got = gkt.ops.grouped_matmul.out(x, w, counts, 0, False, row_slot, 0, topk, out=big[3:3 + m])
+    assert got.data_ptr() == big[3:].data_ptr()
+    assert torch.equal(big[3:3 + m], y)
+    assert torch.all(big[:3] == 7) and torch.all(big[3 + m:] == 7)
+    # float32 out: the dtype of out is the result's.
+    y32 = gkt.ops.grouped_matmul(x, w, counts, 0, False, row_slot, 0, topk, torch.float32)
+    out32 = torch.empty(m, 40)
+    gkt.ops.grouped_matmul.out(x, w, counts, 0, False, row_slot, 0, topk, out=out32)
+    assert torch.equal(out32, y32)
+    # Weight grad into experts [1, 1 + G) of a larger gradient.
+    dy = torch.randn(m, 40).to(dtype)
+    dw = gkt.ops.grouped_matmul_weight_grad(x, dy, counts, 0, row_slot, 0, topk)
+    grad = torch.full((experts + 2, 24, 40), 7.0, dtype=dtype)
+    gkt.ops.grouped_matmul_weight_grad.out(x, dy, counts, 0, row_slot, 0, topk,
+                                           out=grad[1:1 + experts])
+    assert torch.equal(grad[1:1 + experts], dw)
+    assert torch.all(grad[0] == 7) and torch.all(grad[-1] == 7)
+    # A strided out is refused by name; a wrong shape by gradkit's check, out untouched.
+    with pytest.raises(RuntimeError, match=r"grouped_matmul\.out: out has strides .*contiguous"):
+        gkt.ops.grouped_matmul.out(x, w, counts, 0, False, row_slot, 0, topk,
+                                   out=torch.empty(40, m, dtype=dtype).t())
+    short = torch.full((m - 1, 40), 7.0, dtype=dtype)
+    with pytest.raises(RuntimeError, match=rf"grouped_matmul\.out: .*M = {m - 1} rows of y"):
+        gkt.ops.grouped_matmul.out(x, w, counts, 0, False, row_slot, 0, topk, out=short)
+    assert torch.all(short == 7)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("routing", ROUTINGS)
 @pytest.mark.parametrize("row_idx_type", [0, 1])

@@ -137,13 +137,12 @@ class _GroupedLinearGather(torch.autograd.Function):
                 dx = part if dx is None else dx.add_(part)
                 del part
             if want_dw:
-                part = ops.grouped_matmul_weight_grad(x, dy_c, counts, GROUP_LIST_COUNT, idx_c,
-                                                      ROW_IDX_GATHER, ctx.topk, weight.dtype)
-                if dw is None:
-                    dw = part
-                else:
-                    dw[g0:g1] = part
-                del part
+                if dw is None:  # one chunk
+                    dw = ops.grouped_matmul_weight_grad(x, dy_c, counts, GROUP_LIST_COUNT, idx_c,
+                                                        ROW_IDX_GATHER, ctx.topk, weight.dtype)
+                else:  # the chunk's experts written in place (out=)
+                    ops.grouped_matmul_weight_grad.out(x, dy_c, counts, GROUP_LIST_COUNT, idx_c,
+                                                       ROW_IDX_GATHER, ctx.topk, out=dw[g0:g1])
         return None if dx is None else dx.to(x.dtype), dw, None, None, None
 
 

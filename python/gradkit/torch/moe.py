@@ -21,15 +21,26 @@ import torch.nn.functional as F
 
 from gradkit.torch import functional as gkf
 
-def _elu_backward(grad, h):
-    return gkf._ops().elu_grad_v2(grad, h, 1.0, 1.0, 1.0, False)
+def _elu_backward(grad, h, out=None):
+    dh = gkf._ops().elu_grad_v2(grad, h, 1.0, 1.0, 1.0, False)
+    return dh if out is None else out.copy_(dh)
+
+
+def _aten_backward(op, *args):
+    """backward(grad, h, out=None) through an aten op and, with out, its out= overload (which
+    may write over h itself: the ops are elementwise)."""
+    def backward(grad, h, out=None):
+        if out is None:
+            return op.default(grad, h, *args)
+        return op.grad_input(grad, h, *args, grad_input=out)
+    return backward
 
 
 # Each activation with the backward that needs only its input (so act(h) need not be kept).
 _ACTIVATIONS = {
-    "gelu": (F.gelu, lambda grad, h: torch.ops.aten.gelu_backward(grad, h)),
-    "relu": (F.relu, lambda grad, h: torch.ops.aten.threshold_backward(grad, h, 0)),
-    "silu": (F.silu, lambda grad, h: torch.ops.aten.silu_backward(grad, h)),
+    "gelu": (F.gelu, _aten_backward(torch.ops.aten.gelu_backward)),
+    "relu": (F.relu, _aten_backward(torch.ops.aten.threshold_backward, 0)),
+    "silu": (F.silu, _aten_backward(torch.ops.aten.silu_backward)),
     "elu": (F.elu, _elu_backward),
 }
 
@@ -44,13 +55,14 @@ def _activation(activation):
     return _ACTIVATIONS[activation]
 
 
-def _activation_grad(act, act_backward, grad, h):
+def _activation_grad(act, act_backward, grad, h, out=None):
+    """d act(h) / d h times grad, into out when given (which may be h itself)."""
     if act_backward is not None:
-        return act_backward(grad, h)
+        return act_backward(grad, h, out=out)
     with torch.enable_grad():
         h_leaf = h.detach().requires_grad_()
         (dh,) = torch.autograd.grad(act(h_leaf), h_leaf, grad)
-    return dh
+    return dh if out is None else out.copy_(dh)
 
 
 class _ExpertsDown(torch.autograd.Function):
@@ -68,9 +80,9 @@ class _ExpertsDown(torch.autograd.Function):
             y = ops.grouped_matmul(act(h), w2, group_list, gkf.GROUP_LIST_COUNT)
         else:
             y = h.new_empty(h.shape[0], w2.shape[2])
-            for g0, g1, r0, r1 in chunks:
-                y[r0:r1] = ops.grouped_matmul(act(h[r0:r1]), w2[g0:g1], group_list[g0:g1],
-                                              gkf.GROUP_LIST_COUNT)
+            for g0, g1, r0, r1 in chunks:  # each chunk's rows written in place (out=)
+                ops.grouped_matmul.out(act(h[r0:r1]), w2[g0:g1], group_list[g0:g1],
+                                       gkf.GROUP_LIST_COUNT, out=y[r0:r1])
         ctx.save_for_backward(h, w2, group_list)
         ctx.act, ctx.act_backward, ctx.chunks = act, act_backward, chunks
         return y
@@ -86,17 +98,16 @@ class _ExpertsDown(torch.autograd.Function):
         for g0, g1, r0, r1 in ctx.chunks:
             counts, h_c, dy_c = groups[g0:g1], h[r0:r1], dy[r0:r1]
             if want_dw2:
-                part = ops.grouped_matmul_weight_grad(ctx.act(h_c), dy_c, counts,
-                                                      gkf.GROUP_LIST_COUNT, out_dtype=w2.dtype)
                 if whole:
-                    dw2 = part
+                    dw2 = ops.grouped_matmul_weight_grad(ctx.act(h_c), dy_c, counts,
+                                                         gkf.GROUP_LIST_COUNT, out_dtype=w2.dtype)
                 else:
-                    dw2[g0:g1] = part
-                del part
+                    ops.grouped_matmul_weight_grad.out(ctx.act(h_c), dy_c, counts,
+                                                       gkf.GROUP_LIST_COUNT, out=dw2[g0:g1])
             if want_dh:
                 da = ops.grouped_matmul(dy_c, w2[g0:g1], counts, gkf.GROUP_LIST_COUNT, True)
                 # h's rows are not read again: d_h takes their place (no second [M, F] buffer).
-                h_c.copy_(_activation_grad(ctx.act, ctx.act_backward, da, h_c))
+                _activation_grad(ctx.act, ctx.act_backward, da, h_c, out=h_c)
                 del da
         return h if want_dh else None, dw2, None, None, None
 

@@ -139,12 +139,20 @@ int64_t ExpandedRows(std::string_view op, const at::Tensor& x, const at::Tensor&
                                       : x.size(0);
 }
 
-at::Tensor GroupedMatmul(const at::Tensor& x, const at::Tensor& weight,
-                         const at::Tensor& group_list, int64_t group_list_type,
-                         bool transpose_weight, const c10::optional<at::Tensor>& expanded_row_idx,
-                         int64_t row_idx_type, int64_t topk,
-                         c10::optional<at::ScalarType> out_dtype) {
-  constexpr std::string_view op = "grouped_matmul";
+// `out` as an operator's result: the caller's tensor, written in place. It must be dense (the
+// C API writes whole rows); its shape and dtype are checked by gradkit like any result's.
+void CheckOut(std::string_view op, const at::Tensor& out) {
+  CheckCpu(op, out, "out");
+  TORCH_CHECK(out.is_contiguous(), "gradkit.", op, ": out has strides ", out.strides(),
+              "; it must be contiguous (a row or expert slice of a contiguous tensor is)");
+}
+
+// GroupedMatmul into y (allocated by the caller, or by GroupedMatmul below).
+void RunGroupedMatmul(std::string_view op, const at::Tensor& x, const at::Tensor& weight,
+                      const at::Tensor& group_list, int64_t group_list_type,
+                      bool transpose_weight, const c10::optional<at::Tensor>& expanded_row_idx,
+                      int64_t row_idx_type, int64_t topk, const at::Tensor* out,
+                      c10::optional<at::ScalarType> out_dtype, at::Tensor& y) {
   CheckEnumRange(op, row_idx_type, "row_idx_type");
   CheckEnumRange(op, group_list_type, "group_list_type");
   CheckCpu(op, x, "x");
@@ -156,11 +164,16 @@ at::Tensor GroupedMatmul(const at::Tensor& x, const at::Tensor& weight,
   const at::Tensor groups = group_list.contiguous();
   c10::optional<at::Tensor> idx;
   if (expanded_row_idx.has_value()) idx = expanded_row_idx->contiguous();
-  const int64_t m = ExpandedRows(op, xs, groups, group_list_type, idx);
-  const int64_t n = transpose_weight ? w.size(1) : w.size(2);
-  at::Tensor y = at::empty({m, n}, xs.options().dtype(out_dtype.value_or(xs.scalar_type())));
+  if (out != nullptr) {
+    CheckOut(op, *out);
+    y = *out;
+  } else {
+    const int64_t m = ExpandedRows(op, xs, groups, group_list_type, idx);
+    const int64_t n = transpose_weight ? w.size(1) : w.size(2);
+    y = at::empty({m, n}, xs.options().dtype(out_dtype.value_or(xs.scalar_type())));
+  }
   const Descriptor x_d(op, xs, "x"), w_d(op, w, "weight"), g_d(op, groups, "group_list"),
-      y_d(op, y, "result");
+      y_d(op, y, out != nullptr ? "out" : "result");
   const OptionalDescriptor idx_d(op, idx, "expanded_row_idx");
   CallTwoPhase(
       op,
@@ -171,15 +184,35 @@ at::Tensor GroupedMatmul(const at::Tensor& x, const at::Tensor& weight,
                                                y_d.get(), ws, ex);
       },
       gkGroupedMatmul);
+}
+
+at::Tensor GroupedMatmul(const at::Tensor& x, const at::Tensor& weight,
+                         const at::Tensor& group_list, int64_t group_list_type,
+                         bool transpose_weight, const c10::optional<at::Tensor>& expanded_row_idx,
+                         int64_t row_idx_type, int64_t topk,
+                         c10::optional<at::ScalarType> out_dtype) {
+  at::Tensor y;
+  RunGroupedMatmul("grouped_matmul", x, weight, group_list, group_list_type, transpose_weight,
+                   expanded_row_idx, row_idx_type, topk, nullptr, out_dtype, y);
   return y;
 }
 
-at::Tensor GroupedMatmulWeightGrad(const at::Tensor& x, const at::Tensor& grad_y,
-                                   const at::Tensor& group_list, int64_t group_list_type,
-                                   const c10::optional<at::Tensor>& expanded_row_idx,
-                                   int64_t row_idx_type, int64_t topk,
-                                   c10::optional<at::ScalarType> out_dtype) {
-  constexpr std::string_view op = "grouped_matmul_weight_grad";
+at::Tensor& GroupedMatmulOut(const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& group_list, int64_t group_list_type,
+                             bool transpose_weight,
+                             const c10::optional<at::Tensor>& expanded_row_idx,
+                             int64_t row_idx_type, int64_t topk, at::Tensor& out) {
+  at::Tensor y;
+  RunGroupedMatmul("grouped_matmul.out", x, weight, group_list, group_list_type,
+                   transpose_weight, expanded_row_idx, row_idx_type, topk, &out, c10::nullopt, y);
+  return out;
+}
+
+void RunGroupedMatmulWeightGrad(std::string_view op, const at::Tensor& x, const at::Tensor& grad_y,
+                                const at::Tensor& group_list, int64_t group_list_type,
+                                const c10::optional<at::Tensor>& expanded_row_idx,
+                                int64_t row_idx_type, int64_t topk, const at::Tensor* out,
+                                c10::optional<at::ScalarType> out_dtype, at::Tensor& dw) {
   CheckEnumRange(op, row_idx_type, "row_idx_type");
   CheckEnumRange(op, group_list_type, "group_list_type");
   CheckCpu(op, x, "x");
@@ -191,10 +224,15 @@ at::Tensor GroupedMatmulWeightGrad(const at::Tensor& x, const at::Tensor& grad_y
   const at::Tensor xs = x.contiguous(), dy = grad_y.contiguous(), groups = group_list.contiguous();
   c10::optional<at::Tensor> idx;
   if (expanded_row_idx.has_value()) idx = expanded_row_idx->contiguous();
-  at::Tensor dw = at::empty({groups.size(0), xs.size(1), dy.size(1)},
-                            xs.options().dtype(out_dtype.value_or(xs.scalar_type())));
+  if (out != nullptr) {
+    CheckOut(op, *out);
+    dw = *out;
+  } else {
+    dw = at::empty({groups.size(0), xs.size(1), dy.size(1)},
+                   xs.options().dtype(out_dtype.value_or(xs.scalar_type())));
+  }
   const Descriptor x_d(op, xs, "x"), dy_d(op, dy, "grad_y"), g_d(op, groups, "group_list"),
-      dw_d(op, dw, "result");
+      dw_d(op, dw, out != nullptr ? "out" : "result");
   const OptionalDescriptor idx_d(op, idx, "expanded_row_idx");
   CallTwoPhase(
       op,
@@ -204,7 +242,29 @@ at::Tensor GroupedMatmulWeightGrad(const at::Tensor& x, const at::Tensor& grad_y
             RowIdxType(row_idx_type), topk, dw_d.get(), ws, ex);
       },
       gkGroupedMatmulWeightGrad);
+}
+
+at::Tensor GroupedMatmulWeightGrad(const at::Tensor& x, const at::Tensor& grad_y,
+                                   const at::Tensor& group_list, int64_t group_list_type,
+                                   const c10::optional<at::Tensor>& expanded_row_idx,
+                                   int64_t row_idx_type, int64_t topk,
+                                   c10::optional<at::ScalarType> out_dtype) {
+  at::Tensor dw;
+  RunGroupedMatmulWeightGrad("grouped_matmul_weight_grad", x, grad_y, group_list,
+                             group_list_type, expanded_row_idx, row_idx_type, topk, nullptr,
+                             out_dtype, dw);
   return dw;
+}
+
+at::Tensor& GroupedMatmulWeightGradOut(const at::Tensor& x, const at::Tensor& grad_y,
+                                       const at::Tensor& group_list, int64_t group_list_type,
+                                       const c10::optional<at::Tensor>& expanded_row_idx,
+                                       int64_t row_idx_type, int64_t topk, at::Tensor& out) {
+  at::Tensor dw;
+  RunGroupedMatmulWeightGrad("grouped_matmul_weight_grad.out", x, grad_y, group_list,
+                             group_list_type, expanded_row_idx, row_idx_type, topk, &out,
+                             c10::nullopt, dw);
+  return out;
 }
 
 at::Tensor MoeFinalizeRouting(const at::Tensor& expanded_y, const at::Tensor& probs,
@@ -290,6 +350,14 @@ TORCH_LIBRARY(gradkit, m) {
   m.def("grouped_matmul_weight_grad(Tensor x, Tensor grad_y, Tensor group_list, "
         "int group_list_type=0, Tensor? expanded_row_idx=None, int row_idx_type=0, int topk=1, "
         "ScalarType? out_dtype=None) -> Tensor");
+  // Into the caller's tensor (a row slice of y, an expert slice of a weight gradient): its
+  // dtype is the result's (float32 or the input dtype).
+  m.def("grouped_matmul.out(Tensor x, Tensor weight, Tensor group_list, int group_list_type=0, "
+        "bool transpose_weight=False, Tensor? expanded_row_idx=None, int row_idx_type=0, "
+        "int topk=1, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def("grouped_matmul_weight_grad.out(Tensor x, Tensor grad_y, Tensor group_list, "
+        "int group_list_type=0, Tensor? expanded_row_idx=None, int row_idx_type=0, int topk=1, "
+        "*, Tensor(a!) out) -> Tensor(a!)");
   m.def("moe_finalize_routing(Tensor expanded_y, Tensor probs, Tensor expanded_row_idx, "
         "int row_idx_type, ScalarType? out_dtype=None) -> Tensor");
   m.def("moe_finalize_routing_grad(Tensor grad_out, Tensor expanded_y, Tensor probs, "
@@ -308,6 +376,8 @@ TORCH_LIBRARY_IMPL(gradkit, CPU, m) {
   m.impl("moe_init_routing_index", &MoeInitRoutingIndex);
   m.impl("grouped_matmul", &GroupedMatmul);
   m.impl("grouped_matmul_weight_grad", &GroupedMatmulWeightGrad);
+  m.impl("grouped_matmul.out", &GroupedMatmulOut);
+  m.impl("grouped_matmul_weight_grad.out", &GroupedMatmulWeightGradOut);
   m.impl("moe_finalize_routing", &MoeFinalizeRouting);
   m.impl("moe_finalize_routing_grad", &MoeFinalizeRoutingGrad);
 }
