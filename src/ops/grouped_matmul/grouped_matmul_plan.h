@@ -18,13 +18,15 @@
 //
 // GroupedMatmulWeightGrad: gradWeight is cut into tiles of (expert g) x (block of base_m of K) x
 // (block of base_n of N). Each tile sums its expert's rows in chunks of base_r rows, ascending
-// (the first chunk writes, the rest add), each chunk one GEMM of transposed copies:
+// (the first chunk writes, the rest add), each chunk one GEMM:
 //   C[k, n] (+)= sum over the chunk's rows i of x(i)[k] * gradY[i, n]        (float32)
-// (zero-padded past the expert's last row), then C is rounded into gradWeight; an expert without
-// rows gets zeros. A unit is a group of tiles of one expert, k_group_blocks x n_group_blocks of
-// them, run chunk by chunk: each chunk's x and gradY columns are transposed once for the whole
-// group (not once per tile) and each column block's B packed once for the group's K blocks; the
-// float32 sums stay in the thread's C tiles between chunks.
+// The expert's last chunk reduces over its rows padded to row_granule (zeros past them), not to
+// base_r. A is x's chunk transposed; B is gradY's chunk rows packed by the GEMM library straight
+// from gradY (b_from_kn, full chunks) or from a transposed, zero-padded copy. Then C is rounded
+// into gradWeight; an expert without rows gets zeros. A unit is a group of tiles of one expert,
+// k_group_blocks x n_group_blocks of them, run chunk by chunk: each chunk's x and gradY columns
+// are transposed once for the whole group (not once per tile) and each column block's B packed
+// once for the group's K blocks; the float32 sums stay in the thread's C tiles between chunks.
 //
 // Determinism by construction: units, segments, chunks and GEMM shapes depend on the problem only,
 // each GEMM runs single-threaded, and every output element is written by one unit. Threads only
