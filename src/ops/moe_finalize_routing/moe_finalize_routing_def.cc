@@ -121,10 +121,12 @@ gkStatus BuildMoeFinalizeSlotRows(std::string_view api, const gkTensor& idx,
   const MoeGradShape routing = s.Routing();
   GK_RETURN_IF_ERROR(WithRowIdxTypeHint(BuildRowTokens(api, idx, routing, row_token), idx, s));
   if (s.row_idx_type == RowIdxType::kScatter) {
+    if (slot_row == nullptr) return GK_SUCCESS;
     for (int64_t p = 0; p < s.slots(); ++p) slot_row[p] = IndexAt(idx, p);
     return GK_SUCCESS;
   }
   GK_RETURN_IF_ERROR(WithRowIdxTypeHint(CheckDistinctSlots(api, idx, routing), idx, s));
+  if (slot_row == nullptr) return GK_SUCCESS;
   std::fill(slot_row, slot_row + s.slots(), int64_t{-1});
   for (int64_t i = 0; i < s.m; ++i) slot_row[IndexAt(idx, i)] = i;
   return GK_SUCCESS;
@@ -200,10 +202,11 @@ gkStatus CheckMoeFinalize(std::string_view api, const MoeFinalizeArgs& a, MoeFin
     }
   }
 
-  // Values: phase 1 reads expandedRowIdx (never the float data).
-  std::vector<int64_t> slot_row(static_cast<size_t>(s->slots()));
+  // Values: phase 1 reads expandedRowIdx (never the float data), with scratch of M entries (M
+  // <= the entries it reads; a table of batch * topK slots would follow probs' claimed shape,
+  // which phase 1 never reads: a hostile one made it allocate 48 GiB, found by the fuzzer).
   std::vector<int64_t> row_token(static_cast<size_t>(s->m));
-  return BuildMoeFinalizeSlotRows(api, idx, *s, slot_row.data(), row_token.data());
+  return BuildMoeFinalizeSlotRows(api, idx, *s, /*slot_row=*/nullptr, row_token.data());
 }
 
 }  // namespace gk

@@ -61,8 +61,9 @@ gkStatus CheckMoeFinalize(std::string_view api, const MoeFinalizeArgs& args,
                           MoeFinalizeShape* shape);
 
 // Validates expandedRowIdx and fills slot_row[p] = the expanded row of slot p, or -1 when the
-// slot is dropped (batch * topK entries); row_token (M entries) is scratch. Phase 1 and phase 2
-// both use it.
+// slot is dropped (batch * topK entries); row_token (M entries) is scratch. Phase 2 uses it;
+// phase 1 passes slot_row = NULL (checks only): its memory then stays within what it reads of
+// expandedRowIdx, whatever batch * topK probs' descriptor claims.
 gkStatus BuildMoeFinalizeSlotRows(std::string_view api, const gkTensor& expanded_row_idx,
                                   const MoeFinalizeShape& shape, int64_t* slot_row,
                                   int64_t* row_token);

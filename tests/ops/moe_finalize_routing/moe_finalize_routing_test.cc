@@ -2,6 +2,7 @@
 // reference over routings (capacity drops, empty experts, every slot dropped), dtypes, index
 // types; every error (outputs untouched); thread counts; and the chain from MoeInitRouting.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cmath>
 #include <cstring>
@@ -460,6 +461,32 @@ TEST(moe_finalize_routing, ShapeErrorsNameArgumentValueAndRule) {
   for (float v : out) ASSERT_EQ(v, 7.0f);
   for (float v : gy) ASSERT_EQ(v, 7.0f);
   for (float v : gp) ASSERT_EQ(v, 7.0f);
+}
+
+// Phase 1 reads only expandedRowIdx: its memory follows what it reads, not batch * topK as
+// probs' descriptor claims (the fuzzer found a 48 GiB table made from such a claim). probs and
+// out here claim 2^32 slots over address space that is reserved, never backed.
+TEST(moe_finalize_routing, PhaseOneMemoryFollowsTheIndexNotTheClaimedSlots) {
+  const int64_t batch = int64_t{1} << 30, top_k = 4, n = 1, m = 4;
+  const size_t reserved = size_t{48} << 30;
+  void* space = mmap(nullptr, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(space, MAP_FAILED);
+  char* base = static_cast<char*>(space);
+  std::vector<float> y(m * n, 1.0f);
+  std::vector<int64_t> idx = {5, 0, int64_t{1} << 31, 7};  // gather: distinct slots
+  TensorGuard y_t({m, n}, DType::kF32, y.data());
+  TensorGuard p_t({batch, top_k}, DType::kF32, base);                   // 16 GiB claimed
+  TensorGuard o_t({batch, n}, DType::kF32, base + (size_t{32} << 30));  // 4 GiB claimed
+  TensorGuard i_t({m}, DType::kI64, idx.data());
+  uint64_t ws = 0;
+  gkOpExecutor* executor = nullptr;
+  EXPECT_EQ(gkMoeFinalizeRoutingGetWorkspaceSize(y_t.t, p_t.t, i_t.t, GK_ROW_IDX_GATHER, o_t.t,
+                                                 &ws, &executor),
+            GK_SUCCESS)
+      << gkGetRecentErrMsg();
+  EXPECT_GE(ws, uint64_t{8} << 32);  // phase 2's slot table: the caller's workspace, not ours
+  gkDestroyExecutor(executor);
+  munmap(space, reserved);
 }
 
 TEST(moe_finalize_routing, RepeatableExecutorChecksTheIndexAgain) {
