@@ -180,7 +180,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
   // The packed B (when used) first, then the library's scratchpad.
   uint64_t scratchpad_bytes() const override { return packed_b_bytes_ + scratchpad_bytes_; }
   bool packs_b() const override { return packed_b_; }
-  bool prepares_b_from_kn() const override { return packed_b_ && shape_.ldb_kn > 0; }
+  bool prepares_b_from_kn() const override { return packed_b_ && packs_from_kn_; }
 
   class DnnlWorker final : public Worker {
    public:
@@ -283,6 +283,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
     packs_.clear();
     scratchpad_bytes_ = packed_b_bytes_ = 0;
     packed_b_ = packed_b;
+    packs_from_kn_ = packed_b && shape_.ldb_kn > 0;
     for (int64_t width : shape_.widths) {
       for (const auto& step : shape_.steps) {
         for (const int64_t rows : rows_) {
@@ -313,11 +314,16 @@ class OneDnnTileGemm final : public MoeTileGemm {
     const dnnl::reorder::primitive_desc pd(Engine(), p.src, Engine(), p.dst);
     if (pd.scratchpad_desc().get_size() != 0) return false;
     p.reorder = dnnl::reorder(pd);
-    if (shape_.ldb_kn > 0) {
+    if (packs_from_kn_) {
+      // A reorder from B^T's rows that wants a scratchpad of its own: the caller transposes
+      // B instead (prepares_b_from_kn() false), B is still packed once.
       p.src_kn = PlainB(shape_.gemm_dtype, reduce, width, shape_.ldb_kn, /*kn=*/true);
       const dnnl::reorder::primitive_desc kn_pd(Engine(), p.src_kn, Engine(), p.dst);
-      if (kn_pd.scratchpad_desc().get_size() != 0) return false;
-      p.reorder_kn = dnnl::reorder(kn_pd);
+      if (kn_pd.scratchpad_desc().get_size() == 0) {
+        p.reorder_kn = dnnl::reorder(kn_pd);
+      } else {
+        packs_from_kn_ = false;
+      }
     }
     packed_b_bytes_ = std::max<uint64_t>(packed_b_bytes_, (packed.get_size() + 63) / 64 * 64);
     packs_.push_back(std::move(p));
@@ -373,7 +379,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
     }
     for (const Pack& p : packs_) {  // jit reorders too
       for (const bool kn : {false, true}) {
-        if (kn && shape_.ldb_kn == 0) continue;
+        if (kn && !packs_from_kn_) continue;
         const dnnl::memory::desc& src_desc = kn ? p.src_kn : p.src;
         auto src = std::unique_ptr<void, decltype(&std::free)>(std::calloc(src_desc.get_size() + 64, 1), &std::free);
         auto dst = std::unique_ptr<void, decltype(&std::free)>(std::calloc(p.dst.get_size() + 64, 1), &std::free);
@@ -390,6 +396,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
   std::vector<Entry> entries_;
   std::vector<Pack> packs_;
   bool packed_b_ = false;
+  bool packs_from_kn_ = false;  // every pack also has its reorder from B^T's rows
   uint64_t scratchpad_bytes_ = 0;
   uint64_t packed_b_bytes_ = 0;
   std::map<int64_t, std::string> impls_;
