@@ -127,7 +127,7 @@ class _GroupedLinearGather(torch.autograd.Function):
         dy = dy.to(weight.dtype)
         want_dx, want_dw = ctx.needs_input_grad[0:2]
         dx = None
-        dw = torch.empty_like(weight) if want_dw and len(ctx.chunks) > 1 else None
+        dw = torch.empty_like(weight) if want_dw else None  # each chunk's experts written in place
         for g0, g1, r0, r1 in ctx.chunks:
             counts, dy_c, idx_c = groups[g0:g1], dy[r0:r1], idx[r0:r1]
             if want_dx:
@@ -137,12 +137,8 @@ class _GroupedLinearGather(torch.autograd.Function):
                 dx = part if dx is None else dx.add_(part)
                 del part
             if want_dw:
-                if dw is None:  # one chunk
-                    dw = ops.grouped_matmul_weight_grad(x, dy_c, counts, GROUP_LIST_COUNT, idx_c,
-                                                        ROW_IDX_GATHER, ctx.topk, weight.dtype)
-                else:  # the chunk's experts written in place (out=)
-                    ops.grouped_matmul_weight_grad.out(x, dy_c, counts, GROUP_LIST_COUNT, idx_c,
-                                                       ROW_IDX_GATHER, ctx.topk, out=dw[g0:g1])
+                ops.grouped_matmul_weight_grad.out(x, dy_c, counts, GROUP_LIST_COUNT, idx_c,
+                                                   ROW_IDX_GATHER, ctx.topk, out=dw[g0:g1])
         return None if dx is None else dx.to(x.dtype), dw, None, None, None
 
 

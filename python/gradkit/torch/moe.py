@@ -11,8 +11,8 @@ What MoeFFN keeps for the backward: h and y (besides x and the parameters). act(
 recomputed in the backward (an elementwise op), the expanded x is never made, d_x comes from
 the fused operator without its [M, H] intermediate, the second matmul and the backward run over
 chunks of experts, so act(h) and its gradient are bounded (expert_chunks), and the two expert
-matmuls are autograd nodes of their own, so d_W2 is added into w2.grad before d_W1 exists. TorchMoeFFN keeps, per expert, the gathered x, h, act(h) and y, as autograd
-does for its ops.
+matmuls are autograd nodes of their own, so d_W2 is added into w2.grad before d_W1 exists.
+TorchMoeFFN keeps, per expert, the gathered x, h, act(h) and y, as autograd does for its ops.
 """
 import math
 
@@ -76,13 +76,10 @@ class _ExpertsDown(torch.autograd.Function):
     def forward(ctx, h, w2, group_list, act, act_backward):
         ops = gkf._ops()
         chunks = gkf.expert_chunks(group_list.tolist(), h.shape[1] * h.element_size())
-        if len(chunks) == 1:
-            y = ops.grouped_matmul(act(h), w2, group_list, gkf.GROUP_LIST_COUNT)
-        else:
-            y = h.new_empty(h.shape[0], w2.shape[2])
-            for g0, g1, r0, r1 in chunks:  # each chunk's rows written in place (out=)
-                ops.grouped_matmul.out(act(h[r0:r1]), w2[g0:g1], group_list[g0:g1],
-                                       gkf.GROUP_LIST_COUNT, out=y[r0:r1])
+        y = h.new_empty(h.shape[0], w2.shape[2])
+        for g0, g1, r0, r1 in chunks:  # each chunk's rows written in place (out=)
+            ops.grouped_matmul.out(act(h[r0:r1]), w2[g0:g1], group_list[g0:g1],
+                                   gkf.GROUP_LIST_COUNT, out=y[r0:r1])
         ctx.save_for_backward(h, w2, group_list)
         ctx.act, ctx.act_backward, ctx.chunks = act, act_backward, chunks
         return y
@@ -93,17 +90,12 @@ class _ExpertsDown(torch.autograd.Function):
         ops = gkf._ops()
         dy = dy.to(w2.dtype)
         want_dh, want_dw2 = ctx.needs_input_grad[0:2]
-        whole = len(ctx.chunks) == 1
-        dw2 = None if whole or not want_dw2 else torch.empty_like(w2)
+        dw2 = torch.empty_like(w2) if want_dw2 else None  # each chunk's experts written in place
         for g0, g1, r0, r1 in ctx.chunks:
             counts, h_c, dy_c = groups[g0:g1], h[r0:r1], dy[r0:r1]
             if want_dw2:
-                if whole:
-                    dw2 = ops.grouped_matmul_weight_grad(ctx.act(h_c), dy_c, counts,
-                                                         gkf.GROUP_LIST_COUNT, out_dtype=w2.dtype)
-                else:
-                    ops.grouped_matmul_weight_grad.out(ctx.act(h_c), dy_c, counts,
-                                                       gkf.GROUP_LIST_COUNT, out=dw2[g0:g1])
+                ops.grouped_matmul_weight_grad.out(ctx.act(h_c), dy_c, counts,
+                                                   gkf.GROUP_LIST_COUNT, out=dw2[g0:g1])
             if want_dh:
                 da = ops.grouped_matmul(dy_c, w2[g0:g1], counts, gkf.GROUP_LIST_COUNT, True)
                 # h's rows are not read again: d_h takes their place (no second [M, F] buffer).

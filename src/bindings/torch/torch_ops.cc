@@ -147,12 +147,13 @@ void CheckOut(std::string_view op, const at::Tensor& out) {
               "; it must be contiguous (a row or expert slice of a contiguous tensor is)");
 }
 
-// GroupedMatmul into y (allocated by the caller, or by GroupedMatmul below).
-void RunGroupedMatmul(std::string_view op, const at::Tensor& x, const at::Tensor& weight,
-                      const at::Tensor& group_list, int64_t group_list_type,
-                      bool transpose_weight, const c10::optional<at::Tensor>& expanded_row_idx,
-                      int64_t row_idx_type, int64_t topk, const at::Tensor* out,
-                      c10::optional<at::ScalarType> out_dtype, at::Tensor& y) {
+// GroupedMatmul into `out` when given, else into a new tensor of out_dtype; returns the result.
+at::Tensor RunGroupedMatmul(std::string_view op, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& group_list, int64_t group_list_type,
+                            bool transpose_weight,
+                            const c10::optional<at::Tensor>& expanded_row_idx,
+                            int64_t row_idx_type, int64_t topk, const at::Tensor* out,
+                            c10::optional<at::ScalarType> out_dtype) {
   CheckEnumRange(op, row_idx_type, "row_idx_type");
   CheckEnumRange(op, group_list_type, "group_list_type");
   CheckCpu(op, x, "x");
@@ -164,6 +165,7 @@ void RunGroupedMatmul(std::string_view op, const at::Tensor& x, const at::Tensor
   const at::Tensor groups = group_list.contiguous();
   c10::optional<at::Tensor> idx;
   if (expanded_row_idx.has_value()) idx = expanded_row_idx->contiguous();
+  at::Tensor y;
   if (out != nullptr) {
     CheckOut(op, *out);
     y = *out;
@@ -184,6 +186,7 @@ void RunGroupedMatmul(std::string_view op, const at::Tensor& x, const at::Tensor
                                                y_d.get(), ws, ex);
       },
       gkGroupedMatmul);
+  return y;
 }
 
 at::Tensor GroupedMatmul(const at::Tensor& x, const at::Tensor& weight,
@@ -191,10 +194,9 @@ at::Tensor GroupedMatmul(const at::Tensor& x, const at::Tensor& weight,
                          bool transpose_weight, const c10::optional<at::Tensor>& expanded_row_idx,
                          int64_t row_idx_type, int64_t topk,
                          c10::optional<at::ScalarType> out_dtype) {
-  at::Tensor y;
-  RunGroupedMatmul("grouped_matmul", x, weight, group_list, group_list_type, transpose_weight,
-                   expanded_row_idx, row_idx_type, topk, nullptr, out_dtype, y);
-  return y;
+  return RunGroupedMatmul("grouped_matmul", x, weight, group_list, group_list_type,
+                          transpose_weight, expanded_row_idx, row_idx_type, topk, nullptr,
+                          out_dtype);
 }
 
 at::Tensor& GroupedMatmulOut(const at::Tensor& x, const at::Tensor& weight,
@@ -202,17 +204,18 @@ at::Tensor& GroupedMatmulOut(const at::Tensor& x, const at::Tensor& weight,
                              bool transpose_weight,
                              const c10::optional<at::Tensor>& expanded_row_idx,
                              int64_t row_idx_type, int64_t topk, at::Tensor& out) {
-  at::Tensor y;
   RunGroupedMatmul("grouped_matmul.out", x, weight, group_list, group_list_type,
-                   transpose_weight, expanded_row_idx, row_idx_type, topk, &out, c10::nullopt, y);
+                   transpose_weight, expanded_row_idx, row_idx_type, topk, &out, c10::nullopt);
   return out;
 }
 
-void RunGroupedMatmulWeightGrad(std::string_view op, const at::Tensor& x, const at::Tensor& grad_y,
-                                const at::Tensor& group_list, int64_t group_list_type,
-                                const c10::optional<at::Tensor>& expanded_row_idx,
-                                int64_t row_idx_type, int64_t topk, const at::Tensor* out,
-                                c10::optional<at::ScalarType> out_dtype, at::Tensor& dw) {
+// GroupedMatmulWeightGrad into `out` when given, else into a new tensor; returns the result.
+at::Tensor RunGroupedMatmulWeightGrad(std::string_view op, const at::Tensor& x,
+                                      const at::Tensor& grad_y, const at::Tensor& group_list,
+                                      int64_t group_list_type,
+                                      const c10::optional<at::Tensor>& expanded_row_idx,
+                                      int64_t row_idx_type, int64_t topk, const at::Tensor* out,
+                                      c10::optional<at::ScalarType> out_dtype) {
   CheckEnumRange(op, row_idx_type, "row_idx_type");
   CheckEnumRange(op, group_list_type, "group_list_type");
   CheckCpu(op, x, "x");
@@ -224,6 +227,7 @@ void RunGroupedMatmulWeightGrad(std::string_view op, const at::Tensor& x, const 
   const at::Tensor xs = x.contiguous(), dy = grad_y.contiguous(), groups = group_list.contiguous();
   c10::optional<at::Tensor> idx;
   if (expanded_row_idx.has_value()) idx = expanded_row_idx->contiguous();
+  at::Tensor dw;
   if (out != nullptr) {
     CheckOut(op, *out);
     dw = *out;
@@ -242,6 +246,7 @@ void RunGroupedMatmulWeightGrad(std::string_view op, const at::Tensor& x, const 
             RowIdxType(row_idx_type), topk, dw_d.get(), ws, ex);
       },
       gkGroupedMatmulWeightGrad);
+  return dw;
 }
 
 at::Tensor GroupedMatmulWeightGrad(const at::Tensor& x, const at::Tensor& grad_y,
@@ -249,21 +254,18 @@ at::Tensor GroupedMatmulWeightGrad(const at::Tensor& x, const at::Tensor& grad_y
                                    const c10::optional<at::Tensor>& expanded_row_idx,
                                    int64_t row_idx_type, int64_t topk,
                                    c10::optional<at::ScalarType> out_dtype) {
-  at::Tensor dw;
-  RunGroupedMatmulWeightGrad("grouped_matmul_weight_grad", x, grad_y, group_list,
-                             group_list_type, expanded_row_idx, row_idx_type, topk, nullptr,
-                             out_dtype, dw);
-  return dw;
+  return RunGroupedMatmulWeightGrad("grouped_matmul_weight_grad", x, grad_y, group_list,
+                                    group_list_type, expanded_row_idx, row_idx_type, topk,
+                                    nullptr, out_dtype);
 }
 
 at::Tensor& GroupedMatmulWeightGradOut(const at::Tensor& x, const at::Tensor& grad_y,
                                        const at::Tensor& group_list, int64_t group_list_type,
                                        const c10::optional<at::Tensor>& expanded_row_idx,
                                        int64_t row_idx_type, int64_t topk, at::Tensor& out) {
-  at::Tensor dw;
   RunGroupedMatmulWeightGrad("grouped_matmul_weight_grad.out", x, grad_y, group_list,
                              group_list_type, expanded_row_idx, row_idx_type, topk, &out,
-                             c10::nullopt, dw);
+                             c10::nullopt);
   return out;
 }
 

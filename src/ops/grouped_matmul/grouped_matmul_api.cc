@@ -270,8 +270,8 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
         std::memset(slots.a_tile + (k1 - k0) * reduce * gemm_elem, 0,
                     static_cast<size_t>((padded_end - (k1 - k0)) * reduce * gemm_elem));
       }
-      // B = gradY(chunk)^T: packed straight from the chunk's rows when it is full, else from a
-      // transposed, zero-padded copy. Either way each column block's B is prepared once for the
+      // B = gradY(chunk)^T: packed straight from the chunk's rows when they need no zero
+      // padding, else from a transposed, zero-padded copy. Either way each column block's B is prepared once for the
       // group's K blocks, into the same packed layout (the GEMM's bits do not depend on it).
       const bool b_from_kn = p.b_from_kn && chunk == reduce;
       if (!b_from_kn) {

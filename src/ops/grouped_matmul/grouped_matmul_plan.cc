@@ -138,11 +138,11 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
   p.last_block_rows = t.last_block_rows;
   p.col_blocks = t.col_blocks;
   p.last_block_cols = t.last_block_cols;
+  p.b_from_kn = MayPackBFromKN(s) && machine.packs_b_from_kn;
   if (forward) {
     p.k_group_blocks = p.n_group_blocks = 1;
     p.units = s.m == 0 ? 0 : p.row_blocks * p.col_blocks;
     p.a_copied = s.gather_fused || s.dtype == DType::kF16;
-    p.b_from_kn = !s.weight_nk && MayPackBFromKN(s) && machine.packs_b_from_kn;
     p.b_copied = s.dtype == DType::kF16 || (!s.weight_nk && !p.b_from_kn);
     // A copied or packed B block is worth more than a copied A tile: a pass over a weight block
     // costs about what gathering (or converting) x's rows does, and it serves only the rows of
@@ -158,8 +158,7 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     p.k_group_blocks = std::clamp<int64_t>(kGroupedMatmulGradGroupElems / (p.base_m * group_cols), 1,
                                            std::min(kGroupedMatmulGradGroupBlocks, p.row_blocks));
     p.units = s.g * p.KGroups() * p.NGroups();
-    p.a_copied = p.b_copied = true;  // b: an expert's last, zero-padded chunk at least
-    p.b_from_kn = MayPackBFromKN(s) && machine.packs_b_from_kn;
+    p.a_copied = p.b_copied = true;  // b: at least the chunks that need zero padding
     p.column_block_first = false;
     p.c_tile_elems = p.k_group_blocks * p.n_group_blocks * p.base_m * p.base_n;
     p.a_tile_elems = s.m == 0 ? 0 : p.k_group_blocks * p.base_m * p.reduce;

@@ -22,7 +22,7 @@
 //   C[k, n] (+)= sum over the chunk's rows i of x(i)[k] * gradY[i, n]        (float32)
 // The expert's last chunk reduces over its rows padded to row_granule (zeros past them), not to
 // base_r. A is x's chunk transposed; B is gradY's chunk rows packed by the GEMM library straight
-// from gradY (b_from_kn, full chunks) or from a transposed, zero-padded copy. Then C is rounded
+// from gradY (b_from_kn, chunks that need no padding) or from a transposed, zero-padded copy. Then C is rounded
 // into gradWeight; an expert without rows gets zeros. A unit is a group of tiles of one expert,
 // k_group_blocks x n_group_blocks of them, run chunk by chunk: each chunk's x and gradY columns
 // are transposed once for the whole group (not once per tile) and each column block's B packed
@@ -103,8 +103,8 @@ struct GroupedMatmulPlan {
   bool a_copied;         // forward: A always goes through the A tile (gather-fused or float16)
   bool b_copied;         // forward: B always goes through the B tile ([G, K, N] or float16)
   // B packed by the GEMM straight from [reduce, width] rows of stride N (PrepareBFromKN): the
-  // forward's [G, K, N] weights; the weight grad's gradY rows for every full chunk (an expert's
-  // last, partial chunk goes through the zero-padded B tile).
+  // forward's [G, K, N] weights; the weight grad's gradY rows for every chunk that needs no zero
+  // padding (a chunk whose rows are not a multiple of row_granule goes through the B tile).
   bool b_from_kn;
   int64_t c_tile_elems;  // per thread: float32 tiles of [base_m, base_n] (one, or a unit's)
   int64_t a_tile_elems;  // per thread

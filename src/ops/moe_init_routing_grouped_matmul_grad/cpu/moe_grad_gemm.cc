@@ -273,6 +273,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
     dnnl::reorder reorder;
     dnnl::memory::desc src_kn;
     dnnl::reorder reorder_kn;
+    std::string impl, impl_kn;  // the reorders' implementations (WarmUp runs one of each)
   };
 
   // Every matmul the shape needs, in Index order. With packed_b, false (and nothing kept) when
@@ -310,10 +311,11 @@ class OneDnnTileGemm final : public MoeTileGemm {
     for (const Pack& p : packs_) {
       if (p.width == width && p.reduce == reduce) return p.dst == packed;
     }
-    Pack p{width, reduce, PlainB(shape_.gemm_dtype, reduce, width, shape_.LdbOf(reduce)), packed, {}, {}, {}};
+    Pack p{width, reduce, PlainB(shape_.gemm_dtype, reduce, width, shape_.LdbOf(reduce)), packed};
     const dnnl::reorder::primitive_desc pd(Engine(), p.src, Engine(), p.dst);
     if (pd.scratchpad_desc().get_size() != 0) return false;
     p.reorder = dnnl::reorder(pd);
+    p.impl = pd.impl_info_str();
     if (packs_from_kn_) {
       // A reorder from B^T's rows that wants a scratchpad of its own: the caller transposes
       // B instead (prepares_b_from_kn() false), B is still packed once.
@@ -321,6 +323,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
       const dnnl::reorder::primitive_desc kn_pd(Engine(), p.src_kn, Engine(), p.dst);
       if (kn_pd.scratchpad_desc().get_size() == 0) {
         p.reorder_kn = dnnl::reorder(kn_pd);
+        p.impl_kn = kn_pd.impl_info_str();
       } else {
         packs_from_kn_ = false;
       }
@@ -377,9 +380,12 @@ class OneDnnTileGemm final : public MoeTileGemm {
                            {DNNL_ARG_SCRATCHPAD, dnnl::memory(e.pd.scratchpad_desc(), engine, s.get())}});
       ThreadStream().wait();
     }
-    for (const Pack& p : packs_) {  // jit reorders too
+    for (const Pack& p : packs_) {  // jit reorders too, one of each implementation
       for (const bool kn : {false, true}) {
         if (kn && !packs_from_kn_) continue;
+        const std::string name = (kn ? "reorder kn " : "reorder ") + (kn ? p.impl_kn : p.impl);
+        if (std::find(done.begin(), done.end(), name) != done.end()) continue;
+        done.push_back(name);
         const dnnl::memory::desc& src_desc = kn ? p.src_kn : p.src;
         auto src = std::unique_ptr<void, decltype(&std::free)>(std::calloc(src_desc.get_size() + 64, 1), &std::free);
         auto dst = std::unique_ptr<void, decltype(&std::free)>(std::calloc(p.dst.get_size() + 64, 1), &std::free);
