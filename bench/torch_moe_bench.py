@@ -6,7 +6,9 @@ candidate once per round; medians), at the fused operator's shape S1 (batch 4096
   dx:     torch.ops.gradkit.moe_init_routing_grouped_matmul_grad (d_x of an expert matmul, fp32
           out) against the composite a torch user writes: per-expert mm into an [M, H] buffer,
           then index_add_ into d_x. float32 and bfloat16.
-  step:   one training step (forward + backward) of MoeFFN against TorchMoeFFN, same weights.
+  step:   one training step (forward + backward) of MoeFFN against TorchMoeFFN, same weights;
+          MoeFFN both as it comes and with grad_accumulation_fusion (weight gradients added
+          straight into .grad).
   memory: the peak RSS increase of one such step, each layer in a process of its own.
 
     PYTHONPATH=python /usr/bin/python3 bench/torch_moe_bench.py [--rounds 7] [--parts dx,step]
@@ -98,19 +100,25 @@ def bench_dx(args, dtype):
 # ---------------------------------------------------------------------------------------------
 # (b) one training step of the layer
 
+LAYERS = ("gradkit", "gradkit fused", "torch")  # fused: MoeFFN(grad_accumulation_fusion=True)
+
+
 def make_layer(kind, args, dtype):
     torch.manual_seed(0)
-    cls = gkt.MoeFFN if kind == "gradkit" else gkt.TorchMoeFFN
-    return cls(args.hidden, args.ffn, args.experts, args.topk, "gelu", dtype=dtype)
+    if kind == "torch":
+        return gkt.TorchMoeFFN(args.hidden, args.ffn, args.experts, args.topk, "gelu", dtype=dtype)
+    return gkt.MoeFFN(args.hidden, args.ffn, args.experts, args.topk, "gelu", dtype=dtype,
+                      grad_accumulation_fusion=kind == "gradkit fused")
 
 
 def bench_step(args, dtype):
-    ours, peer = make_layer("gradkit", args, dtype), make_layer("torch", args, dtype)
-    peer.load_state_dict(ours.state_dict())
+    layers = {kind: make_layer(kind, args, dtype) for kind in LAYERS}
+    for kind in LAYERS[1:]:
+        layers[kind].load_state_dict(layers["gradkit"].state_dict())
     gen = torch.Generator().manual_seed(2)
     x0 = torch.randn(args.batch, args.hidden, generator=gen).to(dtype)
     dout = torch.randn(args.batch, args.hidden, generator=gen).to(dtype)
-    xs = {"gradkit": x0.clone().requires_grad_(), "torch": x0.clone().requires_grad_()}
+    xs = {kind: x0.clone().requires_grad_() for kind in LAYERS}
 
     def step(layer, x):
         def run():
@@ -119,11 +127,14 @@ def bench_step(args, dtype):
             layer(x).backward(dout)
         return run
 
-    fns = {"gradkit": step(ours, xs["gradkit"]), "torch": step(peer, xs["torch"])}
+    fns = {kind: step(layers[kind], xs[kind]) for kind in LAYERS}
     for fn in fns.values():
         fn()  # warm-up; also the parity check below
+    peer = layers["torch"]
     err = max((a.grad - b.grad).abs().max().item() / b.grad.abs().max().item()
-              for a, b in ((xs["gradkit"], xs["torch"]), (ours.w1, peer.w1), (ours.w2, peer.w2)))
+              for kind in LAYERS[:2]
+              for a, b in ((xs[kind], xs["torch"]), (layers[kind].w1, peer.w1),
+                           (layers[kind].w2, peer.w2)))
     if err > (1e-4 if dtype == torch.float32 else 5e-2):
         raise SystemExit(f"step {dtype}: MoeFFN's and TorchMoeFFN's gradients differ "
                          f"(relative {err:.2e})")
@@ -170,7 +181,7 @@ def measure_memory(args, dtype_name):
     # the warm-up step freed, and the measured step would reuse it without raising the RSS.
     env["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)
     result = {}
-    for kind in ("gradkit", "torch"):
+    for kind in LAYERS:
         cmd = [sys.executable, os.path.abspath(__file__), "--memory-probe", kind,
                "--probe-dtype", dtype_name, "--threads", str(args.threads)]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -188,7 +199,7 @@ def main():
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--profile", action="store_true", help="print a profile of one step of each")
-    p.add_argument("--memory-probe", choices=("gradkit", "torch"), help=argparse.SUPPRESS)
+    p.add_argument("--memory-probe", choices=LAYERS, help=argparse.SUPPRESS)
     p.add_argument("--probe-dtype", choices=tuple(DTYPES), default="fp32", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.batch, args.topk, args.experts, args.hidden, args.ffn = 4096, 2, 8, 2048, 1408
@@ -216,16 +227,20 @@ def main():
         print("\n(b) one training step (forward + backward): MoeFFN vs TorchMoeFFN")
         for name in dtypes:
             med, err = bench_step(args, DTYPES[name])
-            print(f"  {name}: MoeFFN {med['gradkit'] * 1e3:.0f} ms, TorchMoeFFN "
-                  f"{med['torch'] * 1e3:.0f} ms, ratio {med['torch'] / med['gradkit']:.2f}x "
-                  f"(max rel. grad diff {err:.1e})")
+            print(f"  {name}: MoeFFN {med['gradkit'] * 1e3:.0f} ms, fused "
+                  f"{med['gradkit fused'] * 1e3:.0f} ms, TorchMoeFFN {med['torch'] * 1e3:.0f} ms, "
+                  f"ratio {med['torch'] / med['gradkit']:.2f}x, fused "
+                  f"{med['torch'] / med['gradkit fused']:.2f}x (max rel. grad diff {err:.1e})")
     if "memory" in parts:
         print("\n(c) peak RSS increase of one step over the RSS before it (separate processes)")
         for name in dtypes:
             mem = measure_memory(args, name)
-            print(f"  {name}: MoeFFN {mem['gradkit'][1]:.0f} MiB, TorchMoeFFN "
-                  f"{mem['torch'][1]:.0f} MiB, ratio {mem['gradkit'][1] / mem['torch'][1]:.2f} "
-                  f"(RSS before the step: {mem['gradkit'][0]:.0f} / {mem['torch'][0]:.0f} MiB)")
+            print(f"  {name}: MoeFFN {mem['gradkit'][1]:.0f} MiB, fused "
+                  f"{mem['gradkit fused'][1]:.0f} MiB, TorchMoeFFN {mem['torch'][1]:.0f} MiB, "
+                  f"ratio {mem['gradkit'][1] / mem['torch'][1]:.2f}, fused "
+                  f"{mem['gradkit fused'][1] / mem['torch'][1]:.2f} (RSS before the step: "
+                  f"{mem['gradkit'][0]:.0f} / {mem['gradkit fused'][0]:.0f} / "
+                  f"{mem['torch'][0]:.0f} MiB)")
     return 0
 
 

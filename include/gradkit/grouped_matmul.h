@@ -8,6 +8,11 @@
  *   GroupedMatmul:            y[i, n] = sum over k of x(i)[k] * W[g(i), k, n]
  *   GroupedMatmulWeightGrad:  gradWeight[g, k, n] = sum over rows i of expert g, ascending, of
  *                                                   x(i)[k] * gradY[i, n]    (0 for empty experts)
+ *   GroupedMatmulWeightGradAdd: gradWeightRef[g, k, n] += that sum (aclnnGroupedMatmulAdd's role:
+ *     a weight gradient accumulated into the caller's gradient buffer, so no temporary of a
+ *     weight's size exists). Each element becomes (its value as float32 + the float32 sum that
+ *     GroupedMatmulWeightGrad computes) rounded once to its dtype; an empty expert's slice keeps
+ *     its bits. gradWeightRef may be float32 or the input dtype, like gradWeight.
  *
  * x(i), the expanded row i of x, is read in one of two ways:
  *   plain (expandedRowIdx NULL): x is [M, K] and x(i) = x[i]; rowIdxType and topK are ignored.
@@ -65,6 +70,16 @@ GK_API gkStatus gkGroupedMatmulWeightGradGetWorkspaceSize(
 
 GK_API gkStatus gkGroupedMatmulWeightGrad(void* workspace, uint64_t workspaceSize,
                                           gkOpExecutor* executor, void* stream);
+
+/* As gkGroupedMatmulWeightGrad, adding into gradWeightRef [G, K, N], which is read and written.
+ * Phase 1 reads no value of it; a failed call leaves it untouched. */
+GK_API gkStatus gkGroupedMatmulWeightGradAddGetWorkspaceSize(
+    const gkTensor* x, const gkTensor* gradY, const gkTensor* groupList,
+    gkGroupListType groupListType, const gkTensor* expandedRowIdx, gkRowIdxType rowIdxType,
+    int64_t topK, gkTensor* gradWeightRef, uint64_t* workspaceSize, gkOpExecutor** executor);
+
+GK_API gkStatus gkGroupedMatmulWeightGradAdd(void* workspace, uint64_t workspaceSize,
+                                             gkOpExecutor* executor, void* stream);
 
 #ifdef __cplusplus
 }

@@ -88,8 +88,7 @@ gkStatus CheckNoSelfOverlap(std::string_view api, const gkTensor& t, std::string
 namespace {
 bool SameView(const gkTensor& a, const gkTensor& b) {
   if (a.ndims != b.ndims || ElementBytes(a.dtype) != ElementBytes(b.dtype)) return false;
-  if (static_cast<const char*>(a.data) + a.offset * ElementBytes(a.dtype) !=
-      static_cast<const char*>(b.data) + b.offset * ElementBytes(b.dtype)) {
+  if (TensorBase(a) != TensorBase(b)) {
     return false;
   }
   for (int d = 0; d < a.ndims; ++d) {

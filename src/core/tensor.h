@@ -45,6 +45,12 @@ bool MayOverlapItself(const gkTensor& t);
 // Pointer to the element at logical (C-order) linear index `index` of the view.
 const void* ElementAt(const gkTensor& t, int64_t index);
 
+// The address of t's element at its offset (data + offset elements), where its first logical
+// element lives. A tensor without elements, whose offset no check bounds (any value is valid
+// there), gives its data pointer: nothing is ever read through it, and the product
+// offset * element size, which may overflow, is not formed.
+char* TensorBase(const gkTensor& t);
+
 // Walks a view in logical C order from a starting linear index, yielding element offsets.
 class StridedCursor {
  public:

@@ -28,7 +28,12 @@ gkStatus gkFuzzGroupedMatmulGetWorkspaceSize(const gkTensor* x, const gkTensor* 
 gkStatus gkFuzzGroupedMatmulWeightGradGetWorkspaceSize(
     const gkTensor* x, const gkTensor* gradY, const gkTensor* groupList, int32_t groupListType,
     const gkTensor* expandedRowIdx, int32_t rowIdxType, int64_t topK, gkTensor* gradWeight,
-    uint64_t* workspaceSize, gkOpExecutor** executor) {
+    bool accumulate, uint64_t* workspaceSize, gkOpExecutor** executor) {
+  if (accumulate) {
+    return gkGroupedMatmulWeightGradAddGetWorkspaceSize(
+        x, gradY, groupList, (gkGroupListType)groupListType, expandedRowIdx,
+        (gkRowIdxType)rowIdxType, topK, gradWeight, workspaceSize, executor);
+  }
   return gkGroupedMatmulWeightGradGetWorkspaceSize(x, gradY, groupList,
                                                    (gkGroupListType)groupListType, expandedRowIdx,
                                                    (gkRowIdxType)rowIdxType, topK, gradWeight,

@@ -29,7 +29,7 @@ gkStatus gkFuzzGroupedMatmulGetWorkspaceSize(const gkTensor* x, const gkTensor* 
 gkStatus gkFuzzGroupedMatmulWeightGradGetWorkspaceSize(
     const gkTensor* x, const gkTensor* gradY, const gkTensor* groupList, int32_t groupListType,
     const gkTensor* expandedRowIdx, int32_t rowIdxType, int64_t topK, gkTensor* gradWeight,
-    uint64_t* workspaceSize, gkOpExecutor** executor);
+    bool accumulate, uint64_t* workspaceSize, gkOpExecutor** executor);
 
 gkStatus gkFuzzMoeInitRoutingGetWorkspaceSize(const gkTensor* x, const gkTensor* expertIdx,
                                               int64_t expertCapacity, int64_t expertNum,

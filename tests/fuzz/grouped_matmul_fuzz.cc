@@ -1,5 +1,5 @@
-// Fuzz target: GroupedMatmul and GroupedMatmulWeightGrad's two-phase C APIs. From a valid call
-// (either operator; plain or gather-fused x with either rowIdxType; either groupListType; the
+// Fuzz target: GroupedMatmul and GroupedMatmulWeightGrad(Add)'s two-phase C APIs. From a valid
+// call (any of the three operators; plain or gather-fused x with either rowIdxType; either groupListType; the
 // forward's weight in either layout, as transposeWeight says, or as the transposed view of the
 // other; float32 or dtype outputs) the input applies mutations: out-of-range, repeated and -1
 // indices, group lists that do not add up, wrong shapes, ranks, dtypes (invalid enum values
@@ -10,7 +10,8 @@
 //   - phase 1 succeeds exactly when the arguments meet the header's contract (an independent
 //     check here); a failure has a message, no executor, and leaves every buffer unchanged;
 //   - phase 2 writes nothing outside the output (ASan, exact buffers) and the output equals the
-//     float64 reference exactly (inputs are small integers: every sum is exact, also in 16 bits);
+//     float64 reference exactly (inputs are small integers: every sum is exact, also in 16 bits;
+//     WeightGradAdd: the output's prior value plus that sum, rounded once);
 //   - index data made invalid after phase 1 fails phase 2 with the output unchanged.
 #include <algorithm>
 #include <cmath>
@@ -36,6 +37,7 @@ enum Role { kX, kOperand, kRowIdx, kGroupList, kOut, kRoles };
 struct Call : gk::fuzz::GuardedMemory {
   View views[kRoles];
   bool weight_grad = false;
+  bool accumulate = false;    // weight grad: GroupedMatmulWeightGradAdd
   bool gather_fused = false;  // expandedRowIdx passed (views[kRowIdx].present)
   bool transpose_weight = false;
   int64_t top_k = 1;
@@ -221,15 +223,30 @@ GK_FUZZ_NO_COVERAGE std::vector<double> Reference(const Call& c, const Sizes& s)
   return out;
 }
 
-GK_FUZZ_NO_COVERAGE void CheckResult(const Call& call) {
+// The output's values before a run that adds into it (empty unless the result will be checked).
+GK_FUZZ_NO_COVERAGE std::vector<double> PriorOutput(const Call& call) {
+  std::vector<double> prior;
+  Sizes s{};
+  if (!call.accumulate || !call.exact_values || !MeetsContract(call, false, false, &s)) return prior;
+  const View& out = call.views[kOut];
+  for (int64_t i = 0; i < s.g * s.k * s.n; ++i) {
+    prior.push_back(gk::LoadAsF32(out.At(i), 0, static_cast<DType>(out.dtype)));
+  }
+  return prior;
+}
+
+GK_FUZZ_NO_COVERAGE void CheckResult(const Call& call, const std::vector<double>& prior) {
   Sizes s{};
   if (!call.exact_values || !MeetsContract(call, false, false, &s)) return;
   const View& out = call.views[kOut];
   const auto out_dtype = static_cast<DType>(out.dtype);
   const std::vector<double> want = Reference(call, s);
   for (size_t i = 0; i < want.size(); ++i) {
-    // Integer sums below 2^24 are exact in float32: the output is that value rounded once.
-    const double expected = gk::RoundToDType(static_cast<float>(want[i]), out_dtype);
+    // Integer sums below 2^24 are exact in float32: the output is that value (plus the prior
+    // one, an integer too, when adding) rounded once.
+    const double base = call.accumulate ? prior[i] : 0.0;
+    const double expected =
+        gk::RoundToDType(static_cast<float>(base) + static_cast<float>(want[i]), out_dtype);
     const double got = gk::LoadAsF32(out.At(static_cast<int64_t>(i)), 0, out_dtype);
     GK_FUZZ_CHECK(got == expected, "output[%zu] = %.9g, reference %.9g", i, got, expected);
   }
@@ -311,6 +328,7 @@ GK_FUZZ_NO_COVERAGE void FillFloats(Call& call, uint64_t state) {
 }
 
 gkStatus RunPhase2(const Call& call, void* workspace, uint64_t size, gkOpExecutor* executor) {
+  if (call.accumulate) return gkGroupedMatmulWeightGradAdd(workspace, size, executor, nullptr);
   return call.weight_grad ? gkGroupedMatmulWeightGrad(workspace, size, executor, nullptr)
                           : gkGroupedMatmul(workspace, size, executor, nullptr);
 }
@@ -327,6 +345,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   call.transpose_weight = (shape_bits >> 2) & 1;
   const bool weight_view = ((shape_bits >> 3) & 3) == 3;  // the forward's transposed-view form
   const bool out_in_dtype = (shape_bits >> 5) & 1;
+  call.accumulate = call.weight_grad && ((shape_bits >> 6) & 1);
   const int64_t g = in.Range(1, 4), k = in.Range(1, 6), n = in.Range(1, 6);
   const int64_t batch = in.Range(1, 5);
   call.top_k = in.Range(1, 3);
@@ -411,8 +430,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       call.weight_grad
           ? gkFuzzGroupedMatmulWeightGradGetWorkspaceSize(
                 x.tensor, op.tensor, groups.tensor, call.group_list_type, idx_tensor,
-                call.row_idx_type, call.top_k, out.tensor, null_size ? nullptr : &workspace_size,
-                null_executor ? nullptr : &executor)
+                call.row_idx_type, call.top_k, out.tensor, call.accumulate,
+                null_size ? nullptr : &workspace_size, null_executor ? nullptr : &executor)
           : gkFuzzGroupedMatmulGetWorkspaceSize(
                 x.tensor, op.tensor, groups.tensor, call.group_list_type, call.transpose_weight,
                 idx_tensor, call.row_idx_type, call.top_k, out.tensor,
@@ -460,8 +479,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         break;
       case 3: {
-        Call other;
+        Call other;  // the forward's executor to the weight grad, the others' to the forward
         other.weight_grad = !call.weight_grad;
+        other.accumulate = !call.weight_grad && ((phase2 >> 3) & 1);
         CheckFailure(RunPhase2(other, ws, workspace_size, executor),
                      "executor given to the other operator");
         CheckUnchanged(call, before, "executor given to the other operator");
@@ -473,26 +493,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       default:
         break;
     }
+    const std::vector<double> prior = PriorOutput(call);
     const gkStatus run = RunPhase2(call, ws, workspace_size, executor);
     GK_FUZZ_CHECK(run == GK_SUCCESS, "phase 2 failed after phase 1 succeeded: %s",
                   gkGetRecentErrMsg());
     workspace.CheckGuards("workspace");
     CheckUnchanged(call, before, "phase 2 (inputs)", out.buffer);
-    CheckResult(call);
+    CheckResult(call, prior);
     const auto after = Snapshot(call);
     if (phase2 % 6 == 4) {
       CheckFailure(RunPhase2(call, ws, workspace_size, executor), "executor run twice");
       CheckUnchanged(call, after, "executor run twice");
     }
     if (phase2 % 6 == 5) {
+      const std::vector<double> prior_again = PriorOutput(call);
       GK_FUZZ_CHECK(RunPhase2(call, ws, workspace_size, executor) == GK_SUCCESS, "repeated run");
-      CheckUnchanged(call, after, "repeated run");
+      if (call.accumulate) {  // added a second time
+        CheckUnchanged(call, after, "repeated run (inputs)", out.buffer);
+        CheckResult(call, prior_again);
+      } else {
+        CheckUnchanged(call, after, "repeated run");
+      }
       const bool in_group_list = ((phase2 >> 3) & 1) || !call.gather_fused;
       std::vector<int64_t>& values = in_group_list ? routing.group_list : routing.row_idx;
       if (!values.empty()) {
         values[static_cast<size_t>(corrupt_at) % values.size()] = corrupt_value;
         FillIndex(call, call.views[in_group_list ? kGroupList : kRowIdx], values);
         const auto changed = Snapshot(call);
+        const std::vector<double> prior_rerun = PriorOutput(call);
         const gkStatus rerun = RunPhase2(call, ws, workspace_size, executor);
         if (rerun != GK_SUCCESS) {
           CheckFailure(rerun, "run on changed index data");
@@ -500,7 +528,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         } else {
           GK_FUZZ_CHECK(MeetsContract(call, false, false, nullptr, /*allow_repeated_slots=*/true),
                         "phase 2 ran on index data that breaks the contract");
-          CheckResult(call);
+          CheckResult(call, prior_rerun);
         }
       }
     }

@@ -51,9 +51,9 @@ inline std::vector<int64_t> IndexValues(const std::vector<uint8_t>& bytes, DType
 struct TensorGuard {
   gkTensor* t = nullptr;
   TensorGuard(std::vector<int64_t> dims, DType dtype, const void* data,
-              const std::vector<int64_t>& strides = {}) {
+              const std::vector<int64_t>& strides = {}, int64_t offset = 0) {
     t = gkCreateTensor(dims.data(), dims.size(), static_cast<gkDataType>(dtype),
-                       strides.empty() ? nullptr : strides.data(), 0, const_cast<void*>(data));
+                       strides.empty() ? nullptr : strides.data(), offset, const_cast<void*>(data));
   }
   ~TensorGuard() { gkDestroyTensor(t); }
   TensorGuard(const TensorGuard&) = delete;

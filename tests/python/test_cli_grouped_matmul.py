@@ -146,6 +146,28 @@ def test_small_integers_are_exact(cli, tmp_path):
                                                         rounded(case.dy, "f32"), case.counts)[0])
 
 
+def test_weight_grad_add_to(cli, tmp_path):
+    """--add-to: the result is that gradient plus the weight gradient (GroupedMatmulWeightGradAdd),
+    exact on small integers; an empty expert keeps its values; a wrong shape names --add-to."""
+    case = Case(tmp_path, batch=64, top_k=2, experts=4, k=40, n=36, integers=True, seed=4,
+                empty=(2,))
+    prior = np.random.default_rng(1).integers(-50, 50, size=(4, 40, 36)).astype(np.float32)
+    np.save(tmp_path / "prior.npy", prior)
+    cli("grouped-matmul-weight-grad", *case.x_args("gather"), "--grad-y", case.file("dy"),
+        "--group-list", case.file("counts"), "--add-to", tmp_path / "prior.npy",
+        "--out", tmp_path / "dw.npy")
+    want = prior + weight_grad_composite(rounded(case.expanded, "f32"), rounded(case.dy, "f32"),
+                                         case.counts)[0]
+    np.testing.assert_array_equal(np.load(tmp_path / "dw.npy"), want)
+    assert np.array_equal(np.load(tmp_path / "dw.npy")[2], prior[2])
+    np.save(tmp_path / "wrong.npy", prior[:, :, :35])
+    result = cli("grouped-matmul-weight-grad", *case.x_args("gather"), "--grad-y",
+                 case.file("dy"), "--group-list", case.file("counts"), "--add-to",
+                 tmp_path / "wrong.npy", "--out", tmp_path / "bad.npy", check=False)
+    assert result.returncode == 2 and "--add-to" in result.stderr, result.stderr
+    assert not (tmp_path / "bad.npy").exists()
+
+
 def test_gather_fused_gives_the_bytes_of_the_expanded_input(cli, tmp_path):
     case = Case(tmp_path, batch=70, top_k=4, experts=6, k=64, n=72, seed=5)
     outputs = []

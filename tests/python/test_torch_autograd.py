@@ -136,6 +136,59 @@ def test_moe_ffn_gradients_equal_the_torch_modules(gkt, monkeypatch, activation,
         torch.testing.assert_close(grads[name], rgrads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_bytes", [16 << 20, 1500])
+def test_grad_accumulation_fusion_gives_autograds_gradients(gkt, monkeypatch, dtype, chunk_bytes):
+    """MoeFFN(grad_accumulation_fusion=True) adds d_W1, d_W2 into w1.grad, w2.grad itself: made
+    when None (the same bits as autograd's), added into over micro-batches (float32: the same
+    bits as autograd's accumulation; bfloat16: one rounding instead of two)."""
+    import gradkit.torch.functional
+    monkeypatch.setattr(gradkit.torch.functional, "CHUNK_BYTES", chunk_bytes)
+    layer, _ = make_pair(gkt, 32, 48, 6, 2, "gelu", dtype=dtype, seed=4)
+    fused = gkt.MoeFFN(32, 48, 6, 2, "gelu", dtype=dtype, grad_accumulation_fusion=True)
+    fused.load_state_dict(layer.state_dict())
+    xs = [torch.randn(40, 32).to(dtype) for _ in range(3)]
+    douts = [torch.randn(40, 32).to(dtype) for _ in range(3)]
+    out, dx, grads = step(layer, xs[0], douts[0])
+    fout, fdx, fgrads = step(fused, xs[0], douts[0])
+    assert torch.equal(out, fout) and torch.equal(dx, fdx)
+    for name in grads:
+        assert torch.equal(grads[name], fgrads[name]), name
+    # Micro-batches accumulated into existing gradients.
+    for module in (layer, fused):
+        module.zero_grad(set_to_none=False)
+        for x, dout in zip(xs, douts):
+            module(x).backward(dout)
+    for name, p in layer.named_parameters():
+        q = dict(fused.named_parameters())[name]
+        if dtype == torch.float32 or name == "router.weight":
+            assert torch.equal(p.grad, q.grad), name
+        else:
+            scale = p.grad.float().abs().max()
+            assert (p.grad.float() - q.grad.float()).abs().max() <= 2 ** -7 * scale, name
+    # The weights' gradients never reach autograd: torch.autograd.grad sees none for them.
+    x = xs[0].clone().requires_grad_()
+    w1_grad = fused.w1.grad.clone()
+    (gx,) = torch.autograd.grad(fused(x).sum(), x)
+    assert torch.equal(gx, torch.autograd.grad(layer(x).sum(), x)[0])
+    assert not torch.equal(fused.w1.grad, w1_grad)  # added into, as documented
+
+
+def test_grad_accumulation_fusion_falls_back_for_a_non_leaf_weight(gkt):
+    """A weight that is not a leaf (here a product) gets its gradient through autograd."""
+    routing_x = torch.randn(30, 16)
+    expert_idx = torch.randint(0, 4, (30, 2))
+    w = torch.randn(4, 16, 8, requires_grad=True)
+    for fuse in (False, True):
+        w.grad = None
+        y, _ = gkt.moe_grouped_linear(routing_x, expert_idx, w * 2,
+                                      grad_accumulation_fusion=fuse)
+        y.sum().backward()
+        if not fuse:
+            want = w.grad.clone()
+    assert torch.equal(w.grad, want)
+
+
 def test_moe_ffn_bfloat16_tracks_float32(gkt):
     layer, peer = make_pair(gkt, 32, 64, 4, 2, "gelu", seed=5)
     x = torch.randn(64, 32)

@@ -168,6 +168,42 @@ def test_out_variants_write_the_callers_slices(gkt, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_weight_grad_add_adds_the_float32_sum_rounded_once(gkt, dtype):
+    """grouped_matmul_weight_grad_add_: self becomes (self as float32 + the float32 weight
+    gradient) rounded once to self's dtype, in place; an empty expert keeps its bits; errors
+    leave self untouched."""
+    batch, topk, experts = 300, 2, 5
+    expert_idx = ref.make_expert_idx(batch, topk, experts, 0.3, (2,), seed=12)
+    row_slot, counts = ref.route(expert_idx, experts, 0)
+    m = row_slot.numel()
+    x = torch.randn(batch, 24).to(dtype)
+    dy = torch.randn(m, 40).to(dtype)
+    total = gkt.ops.grouped_matmul_weight_grad(x, dy, counts, 0, row_slot, 0, topk, torch.float32)
+    for grad_dtype in {torch.float32, dtype}:
+        grad = (torch.randn(experts, 24, 40) * 3).to(grad_dtype)
+        grad[2, 0, 0] = -0.0
+        before = grad.clone()
+        got = gkt.ops.grouped_matmul_weight_grad_add_(grad, x, dy, counts, 0, row_slot, 0, topk)
+        assert got.data_ptr() == grad.data_ptr()
+        want = (before.float() + total).to(grad_dtype)
+        want[2] = before[2]  # expert 2 has no rows
+        assert torch.equal(grad.view(torch.int16 if grad.element_size() == 2 else torch.int32),
+                           want.view(torch.int16 if want.element_size() == 2 else torch.int32))
+        # Twice the same call adds twice: the caller's accumulation, as autograd's.
+        gkt.ops.grouped_matmul_weight_grad_add_(grad, x, dy, counts, 0, row_slot, 0, topk)
+        assert torch.equal(grad, (want.float() + total).to(grad_dtype).where(
+            torch.arange(experts).view(-1, 1, 1) != 2, want))
+    bad = torch.full((experts, 40, 24), 7.0, dtype=dtype)
+    with pytest.raises(RuntimeError, match=r"grouped_matmul_weight_grad_add_: .*gradWeightRef"):
+        gkt.ops.grouped_matmul_weight_grad_add_(bad, x, dy, counts, 0, row_slot, 0, topk)
+    assert torch.all(bad == 7)
+    with pytest.raises(RuntimeError, match=r"self has strides .*contiguous"):
+        gkt.ops.grouped_matmul_weight_grad_add_(torch.empty(experts, 40, 24, dtype=dtype)
+                                                .transpose(1, 2), x, dy, counts, 0, row_slot, 0,
+                                                topk)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("routing", ROUTINGS)
 @pytest.mark.parametrize("row_idx_type", [0, 1])
 def test_moe_finalize_routing_and_grad(gkt, dtype, routing, row_idx_type):

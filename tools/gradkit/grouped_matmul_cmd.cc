@@ -40,6 +40,7 @@ constexpr OptionName kWeightGradNames[] = {
     {"rowIdxType", "--row-idx-type"},
     {"topK", "--topk"},
     {"gradWeight", "--out"},
+    {"gradWeightRef", "--add-to"},
     {"numThreads", "--threads"}};
 
 gkGroupListType ParseGroupListType(const std::string& text) {
@@ -51,6 +52,7 @@ gkGroupListType ParseGroupListType(const std::string& text) {
 struct GroupedMatmulOptions {
   bool weight_grad = false;
   std::string x_path, operand_path, groups_path, idx_path, out_path;
+  std::string add_to_path;  // weight grad: GroupedMatmulWeightGradAdd into this gradient
   std::string group_list_type = "count", dtype, out_dtype;
   bool transpose_weight = false;
   std::optional<int64_t> row_idx_type, top_k;
@@ -149,6 +151,14 @@ void RunGroupedMatmulCommand(const GroupedMatmulOptions& o) {
     }
   }
   std::vector<uint8_t> out(static_cast<size_t>(out_elems * ElementBytes(out_dtype)));
+  const bool add = o.weight_grad && !o.add_to_path.empty();
+  if (add) {  // the gradient added into, in the output dtype, with its own shape (checked there)
+    NpyArray add_npy = ReadNpy(o.add_to_path);
+    NpyFloatDType(add_npy, "--add-to");
+    out = TakeAsDType(add_npy, out_dtype, "--add-to");
+    out_shape = add_npy.shape;
+    out_elems = add_npy.elems();
+  }
 
   TensorHandle x_t = MakeTensor(x_npy.shape, dtype, const_cast<uint8_t*>(x.data()));
   TensorHandle operand_t = MakeTensor(operand_npy.shape, dtype, const_cast<uint8_t*>(operand.data()));
@@ -161,9 +171,10 @@ void RunGroupedMatmulCommand(const GroupedMatmulOptions& o) {
   gkOpExecutor* raw = nullptr;
   const auto row_type = static_cast<gkRowIdxType>(row_idx_type);
   if (o.weight_grad) {
-    ThrowIfFailed(gkGroupedMatmulWeightGradGetWorkspaceSize(
-                      x_t.get(), operand_t.get(), groups_t.get(), group_list_type, idx_t.get(),
-                      row_type, o.top_k.value_or(1), out_t.get(), &workspace_bytes, &raw),
+    const auto plan = add ? gkGroupedMatmulWeightGradAddGetWorkspaceSize
+                          : gkGroupedMatmulWeightGradGetWorkspaceSize;
+    ThrowIfFailed(plan(x_t.get(), operand_t.get(), groups_t.get(), group_list_type, idx_t.get(),
+                       row_type, o.top_k.value_or(1), out_t.get(), &workspace_bytes, &raw),
                   names);
   } else {
     ThrowIfFailed(gkGroupedMatmulGetWorkspaceSize(x_t.get(), operand_t.get(), groups_t.get(),
@@ -174,10 +185,10 @@ void RunGroupedMatmulCommand(const GroupedMatmulOptions& o) {
   }
   ExecutorHandle executor(raw);
   std::vector<uint8_t> workspace(workspace_bytes);
-  ThrowIfFailed(o.weight_grad
-                    ? gkGroupedMatmulWeightGrad(workspace.data(), workspace_bytes, executor.get(), nullptr)
-                    : gkGroupedMatmul(workspace.data(), workspace_bytes, executor.get(), nullptr),
-                names);
+  const auto run = add              ? gkGroupedMatmulWeightGradAdd
+                   : o.weight_grad ? gkGroupedMatmulWeightGrad
+                                   : gkGroupedMatmul;
+  ThrowIfFailed(run(workspace.data(), workspace_bytes, executor.get(), nullptr), names);
   WriteNpyFromBuffer(o.out_path, out.data(), out_elems, out_dtype, out_shape);
 }
 
@@ -385,6 +396,10 @@ void RegisterGroupedMatmulCommands(CommandSet& commands) {
   AddCommonOptions(*wg_cmd, *wg);
   wg_cmd->add_option("--out-dtype", wg->out_dtype,
                      "gradWeight's dtype: f32 (default) or the compute dtype");
+  wg_cmd->add_option("--add-to", wg->add_to_path,
+                     "A gradient [G, K, N] (.npy) the result is added into "
+                     "(GroupedMatmulWeightGradAdd: each element once rounded to --out-dtype; "
+                     "empty experts keep theirs); --out gets the sum");
   wg_cmd->add_option("--out", wg->out_path, "Output gradWeight [G, K, N] (.npy)")->required();
   wg_cmd->callback([wg] { RunGroupedMatmulCommand(*wg); });
 

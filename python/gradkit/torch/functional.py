@@ -106,17 +106,59 @@ def expert_chunks(counts, row_bytes, chunk_bytes=None):
     return chunks
 
 
+class _WeightGradSink:
+    """Where an expert matmul's backward puts its weight gradient, chunk of experts by chunk.
+
+    Default: a new tensor, returned to autograd (which adds it into ``weight.grad``).
+    Gradient-accumulation fusion (``fuse``, for a leaf weight): ``weight.grad`` itself, added
+    into by ``grouped_matmul_weight_grad_add_`` (or made and written when it does not exist
+    yet); the backward then returns None for the weight, so no temporary of the weight's size
+    exists. Falls back to the default when ``weight.grad`` cannot take it in place (another
+    dtype, not contiguous, or part of a graph itself).
+    """
+
+    def __init__(self, weight, fuse):
+        self.param, self.add = None, False
+        if fuse and weight.is_leaf and weight.requires_grad:
+            grad = weight.grad
+            if grad is None:
+                self.param = weight
+            elif (grad.dtype == weight.dtype and grad.is_contiguous()
+                  and grad.device == weight.device and not grad.requires_grad):
+                self.param, self.add = weight, True
+        self.target = (weight.grad if self.add
+                       else torch.empty_like(weight, memory_format=torch.contiguous_format))
+
+    def write(self, g0, g1, x, dy, counts, *routing):
+        """The gradient of experts [g0, g1) from their rows x, dy (counts per expert)."""
+        if self.add:
+            _ops().grouped_matmul_weight_grad_add_(self.target[g0:g1], x, dy, counts,
+                                                   GROUP_LIST_COUNT, *routing)
+        else:
+            _ops().grouped_matmul_weight_grad.out(x, dy, counts, GROUP_LIST_COUNT, *routing,
+                                                  out=self.target[g0:g1])
+
+    def result(self):
+        """What the backward returns for the weight: None once it is in weight.grad."""
+        if self.param is None:
+            return self.target
+        if not self.add:
+            self.param.grad = self.target
+        return None
+
+
 class _GroupedLinearGather(torch.autograd.Function):
     """y[i] = x[token(i)] @ weight[g(i)], x read through the routing. Backward, over chunks of
     experts (expert_chunks): d_x by the fused operator (summed over the chunks in order) and
     d_weight by the weight-gradient one."""
 
     @staticmethod
-    def forward(ctx, x, weight, expanded_row_idx, group_list, topk):
+    def forward(ctx, x, weight, expanded_row_idx, group_list, topk, fuse_grad=False):
         y = _ops().grouped_matmul(x, weight, group_list, GROUP_LIST_COUNT, False,
                                   expanded_row_idx, ROW_IDX_GATHER, topk)
         ctx.save_for_backward(x, weight, expanded_row_idx, group_list)
         ctx.topk = topk
+        ctx.weight = weight if fuse_grad else None  # the parameter whose .grad takes d_weight
         ctx.chunks = expert_chunks(group_list.tolist(), y.shape[1] * y.element_size())
         return y
 
@@ -127,7 +169,9 @@ class _GroupedLinearGather(torch.autograd.Function):
         dy = dy.to(weight.dtype)
         want_dx, want_dw = ctx.needs_input_grad[0:2]
         dx = None
-        dw = torch.empty_like(weight) if want_dw else None  # each chunk's experts written in place
+        # Each chunk's experts written in place (into weight.grad with the fusion).
+        fused = ctx.weight is not None
+        dw = _WeightGradSink(ctx.weight if fused else weight, fused) if want_dw else None
         for g0, g1, r0, r1 in ctx.chunks:
             counts, dy_c, idx_c = groups[g0:g1], dy[r0:r1], idx[r0:r1]
             if want_dx:
@@ -137,23 +181,27 @@ class _GroupedLinearGather(torch.autograd.Function):
                 dx = part if dx is None else dx.add_(part)
                 del part
             if want_dw:
-                ops.grouped_matmul_weight_grad.out(x, dy_c, counts, GROUP_LIST_COUNT, idx_c,
-                                                   ROW_IDX_GATHER, ctx.topk, out=dw[g0:g1])
-        return None if dx is None else dx.to(x.dtype), dw, None, None, None
+                dw.write(g0, g1, x, dy_c, counts, idx_c, ROW_IDX_GATHER, ctx.topk)
+        return (None if dx is None else dx.to(x.dtype), None if dw is None else dw.result(),
+                None, None, None, None)
 
 
-def moe_grouped_linear(x, expert_idx, weight, capacity=0, routing=None):
+def moe_grouped_linear(x, expert_idx, weight, capacity=0, routing=None,
+                       grad_accumulation_fusion=False):
     """The first expert matmul of an MoE layer: ``(y, routing)``.
 
     x [batch, H], expert_idx [batch, topk] (int32/int64, values in [0, G)), weight [G, H, F]
     -> y [M, F] in expanded order (rows grouped by expert, then by slot). Pass ``routing`` to
     reuse one (then expert_idx and capacity are not read).
+
+    grad_accumulation_fusion: the backward adds d_weight straight into ``weight.grad`` (a leaf
+    weight; see MoeFFN) instead of returning it to autograd.
     """
     _check_float("x", x)
     if routing is None:
         routing = moe_route(x, expert_idx, weight.shape[0], capacity)
     y = _GroupedLinearGather.apply(x, weight, routing.expanded_row_idx, routing.group_list,
-                                   routing.topk)
+                                   routing.topk, bool(grad_accumulation_fusion))
     return y, routing
 
 

@@ -73,7 +73,7 @@ class _ExpertsDown(torch.autograd.Function):
     modified saved tensors."""
 
     @staticmethod
-    def forward(ctx, h, w2, group_list, act, act_backward):
+    def forward(ctx, h, w2, group_list, act, act_backward, fuse_grad=False):
         ops = gkf._ops()
         chunks = gkf.expert_chunks(group_list.tolist(), h.shape[1] * h.element_size())
         y = h.new_empty(h.shape[0], w2.shape[2])
@@ -82,6 +82,7 @@ class _ExpertsDown(torch.autograd.Function):
                                    gkf.GROUP_LIST_COUNT, out=y[r0:r1])
         ctx.save_for_backward(h, w2, group_list)
         ctx.act, ctx.act_backward, ctx.chunks = act, act_backward, chunks
+        ctx.w2 = w2 if fuse_grad else None  # the parameter whose .grad takes d_W2
         return y
 
     @staticmethod
@@ -90,18 +91,20 @@ class _ExpertsDown(torch.autograd.Function):
         ops = gkf._ops()
         dy = dy.to(w2.dtype)
         want_dh, want_dw2 = ctx.needs_input_grad[0:2]
-        dw2 = torch.empty_like(w2) if want_dw2 else None  # each chunk's experts written in place
+        # Each chunk's experts written in place (into w2.grad with the fusion).
+        fused = ctx.w2 is not None
+        dw2 = gkf._WeightGradSink(ctx.w2 if fused else w2, fused) if want_dw2 else None
         for g0, g1, r0, r1 in ctx.chunks:
             counts, h_c, dy_c = groups[g0:g1], h[r0:r1], dy[r0:r1]
             if want_dw2:
-                ops.grouped_matmul_weight_grad.out(ctx.act(h_c), dy_c, counts,
-                                                   gkf.GROUP_LIST_COUNT, out=dw2[g0:g1])
+                dw2.write(g0, g1, ctx.act(h_c), dy_c, counts)
             if want_dh:
                 da = ops.grouped_matmul(dy_c, w2[g0:g1], counts, gkf.GROUP_LIST_COUNT, True)
                 # h's rows are not read again: d_h takes their place (no second [M, F] buffer).
                 _activation_grad(ctx.act, ctx.act_backward, da, h_c, out=h_c)
                 del da
-        return h if want_dh else None, dw2, None, None, None
+        return (h if want_dh else None, None if dw2 is None else dw2.result(), None, None, None,
+                None)
 
 
 def top_k_gating(logits, topk):
@@ -144,16 +147,29 @@ class _MoeFFNBase(torch.nn.Module):
 
 class MoeFFN(_MoeFFNBase):
     """The MoE FFN on gradkit's operators (CPU). Parameters: router [G, H] (nn.Linear), w1
-    [G, H, F], w2 [G, F, H]. activation: "gelu", "relu", "silu", "elu" or a callable (elementwise)."""
+    [G, H, F], w2 [G, F, H]. activation: "gelu", "relu", "silu", "elu" or a callable (elementwise).
+
+    grad_accumulation_fusion (opt-in, as Megatron-LM's): the backward adds the expert weights'
+    gradients straight into ``w1.grad`` and ``w2.grad`` (made when None) with
+    ``grouped_matmul_weight_grad_add_``, and hands autograd None for them. No temporary of a
+    weight's size exists, which is most of the step's peak at a few thousand tokens. What it
+    gives up: ``torch.autograd.grad`` with respect to w1 / w2 and hooks on their gradients (DDP's
+    included) do not see those gradients.
+    """
+
+    def __init__(self, *args, grad_accumulation_fusion=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.grad_accumulation_fusion = grad_accumulation_fusion
 
     def experts(self, x, expert_idx, probs):
         routing = gkf.moe_route(x, expert_idx, self.num_experts, self.capacity)
         # Two autograd nodes, so that autograd adds d_W2 into w2.grad (and frees it) before d_W1
         # is made: a layer's two weight gradients never exist as temporaries at once.
-        h = gkf._GroupedLinearGather.apply(x, self.w1, routing.expanded_row_idx, routing.group_list,
-                             routing.topk)
+        fuse = bool(self.grad_accumulation_fusion)
+        h = gkf._GroupedLinearGather.apply(x, self.w1, routing.expanded_row_idx,
+                                           routing.group_list, routing.topk, fuse)
         y = _ExpertsDown.apply(h, self.w2, routing.group_list, self.activation,
-                               self._activation_backward)
+                               self._activation_backward, fuse)
         return gkf.moe_combine(y, probs.to(x.dtype), routing)
 
 

@@ -141,9 +141,9 @@ int64_t ExpandedRows(std::string_view op, const at::Tensor& x, const at::Tensor&
 
 // `out` as an operator's result: the caller's tensor, written in place. It must be dense (the
 // C API writes whole rows); its shape and dtype are checked by gradkit like any result's.
-void CheckOut(std::string_view op, const at::Tensor& out) {
-  CheckCpu(op, out, "out");
-  TORCH_CHECK(out.is_contiguous(), "gradkit.", op, ": out has strides ", out.strides(),
+void CheckOut(std::string_view op, const at::Tensor& out, const char* name = "out") {
+  CheckCpu(op, out, name);
+  TORCH_CHECK(out.is_contiguous(), "gradkit.", op, ": ", name, " has strides ", out.strides(),
               "; it must be contiguous (a row or expert slice of a contiguous tensor is)");
 }
 
@@ -210,12 +210,14 @@ at::Tensor& GroupedMatmulOut(const at::Tensor& x, const at::Tensor& weight,
 }
 
 // GroupedMatmulWeightGrad into `out` when given, else into a new tensor; returns the result.
+// accumulate: GroupedMatmulWeightGradAdd, adding into `out` (required).
 at::Tensor RunGroupedMatmulWeightGrad(std::string_view op, const at::Tensor& x,
                                       const at::Tensor& grad_y, const at::Tensor& group_list,
                                       int64_t group_list_type,
                                       const c10::optional<at::Tensor>& expanded_row_idx,
                                       int64_t row_idx_type, int64_t topk, const at::Tensor* out,
-                                      c10::optional<at::ScalarType> out_dtype) {
+                                      c10::optional<at::ScalarType> out_dtype,
+                                      bool accumulate = false) {
   CheckEnumRange(op, row_idx_type, "row_idx_type");
   CheckEnumRange(op, group_list_type, "group_list_type");
   CheckCpu(op, x, "x");
@@ -229,23 +231,24 @@ at::Tensor RunGroupedMatmulWeightGrad(std::string_view op, const at::Tensor& x,
   if (expanded_row_idx.has_value()) idx = expanded_row_idx->contiguous();
   at::Tensor dw;
   if (out != nullptr) {
-    CheckOut(op, *out);
+    CheckOut(op, *out, accumulate ? "self" : "out");
     dw = *out;
   } else {
     dw = at::empty({groups.size(0), xs.size(1), dy.size(1)},
                    xs.options().dtype(out_dtype.value_or(xs.scalar_type())));
   }
   const Descriptor x_d(op, xs, "x"), dy_d(op, dy, "grad_y"), g_d(op, groups, "group_list"),
-      dw_d(op, dw, out != nullptr ? "out" : "result");
+      dw_d(op, dw, accumulate ? "self" : out != nullptr ? "out" : "result");
   const OptionalDescriptor idx_d(op, idx, "expanded_row_idx");
+  const auto plan = accumulate ? gkGroupedMatmulWeightGradAddGetWorkspaceSize
+                               : gkGroupedMatmulWeightGradGetWorkspaceSize;
   CallTwoPhase(
       op,
       [&](uint64_t* ws, gkOpExecutor** ex) {
-        return gkGroupedMatmulWeightGradGetWorkspaceSize(
-            x_d.get(), dy_d.get(), g_d.get(), GroupListType(group_list_type), idx_d.get(),
-            RowIdxType(row_idx_type), topk, dw_d.get(), ws, ex);
+        return plan(x_d.get(), dy_d.get(), g_d.get(), GroupListType(group_list_type), idx_d.get(),
+                    RowIdxType(row_idx_type), topk, dw_d.get(), ws, ex);
       },
-      gkGroupedMatmulWeightGrad);
+      accumulate ? gkGroupedMatmulWeightGradAdd : gkGroupedMatmulWeightGrad);
   return dw;
 }
 
@@ -267,6 +270,18 @@ at::Tensor& GroupedMatmulWeightGradOut(const at::Tensor& x, const at::Tensor& gr
                              group_list_type, expanded_row_idx, row_idx_type, topk, &out,
                              c10::nullopt);
   return out;
+}
+
+// self += the weight gradient (GroupedMatmulWeightGradAdd): float32 or x's dtype, contiguous.
+at::Tensor& GroupedMatmulWeightGradAdd_(at::Tensor& self, const at::Tensor& x,
+                                        const at::Tensor& grad_y, const at::Tensor& group_list,
+                                        int64_t group_list_type,
+                                        const c10::optional<at::Tensor>& expanded_row_idx,
+                                        int64_t row_idx_type, int64_t topk) {
+  RunGroupedMatmulWeightGrad("grouped_matmul_weight_grad_add_", x, grad_y, group_list,
+                             group_list_type, expanded_row_idx, row_idx_type, topk, &self,
+                             c10::nullopt, /*accumulate=*/true);
+  return self;
 }
 
 at::Tensor MoeFinalizeRouting(const at::Tensor& expanded_y, const at::Tensor& probs,
@@ -360,6 +375,11 @@ TORCH_LIBRARY(gradkit, m) {
   m.def("grouped_matmul_weight_grad.out(Tensor x, Tensor grad_y, Tensor group_list, "
         "int group_list_type=0, Tensor? expanded_row_idx=None, int row_idx_type=0, int topk=1, "
         "*, Tensor(a!) out) -> Tensor(a!)");
+  // self += the weight gradient (aclnnGroupedMatmulAdd's role): each element its value plus the
+  // float32 sum, rounded once; an empty expert's slice keeps its bits.
+  m.def("grouped_matmul_weight_grad_add_(Tensor(a!) self, Tensor x, Tensor grad_y, "
+        "Tensor group_list, int group_list_type=0, Tensor? expanded_row_idx=None, "
+        "int row_idx_type=0, int topk=1) -> Tensor(a!)");
   m.def("moe_finalize_routing(Tensor expanded_y, Tensor probs, Tensor expanded_row_idx, "
         "int row_idx_type, ScalarType? out_dtype=None) -> Tensor");
   m.def("moe_finalize_routing_grad(Tensor grad_out, Tensor expanded_y, Tensor probs, "
@@ -380,6 +400,7 @@ TORCH_LIBRARY_IMPL(gradkit, CPU, m) {
   m.impl("grouped_matmul_weight_grad", &GroupedMatmulWeightGrad);
   m.impl("grouped_matmul.out", &GroupedMatmulOut);
   m.impl("grouped_matmul_weight_grad.out", &GroupedMatmulWeightGradOut);
+  m.impl("grouped_matmul_weight_grad_add_", &GroupedMatmulWeightGradAdd_);
   m.impl("moe_finalize_routing", &MoeFinalizeRouting);
   m.impl("moe_finalize_routing_grad", &MoeFinalizeRoutingGrad);
 }

@@ -47,16 +47,13 @@ class EluGradV2Executor final : public gkOpExecutor {
   }
 
  private:
-  static char* Base(const gkTensor& t) {
-    return static_cast<char*>(t.data) + t.offset * ElementBytes(t.dtype);
-  }
 
   void RunContiguousShare(int64_t begin, int64_t elems) const {
     const int64_t in_bytes = ElementBytes(plan_.input_dtype);
     const int64_t out_bytes = ElementBytes(plan_.output_dtype);
-    const char* dy = Base(layout_.dy);
-    const char* x = Base(layout_.x);
-    char* y = Base(layout_.y);
+    const char* dy = TensorBase(layout_.dy);
+    const char* x = TensorBase(layout_.x);
+    char* y = TensorBase(layout_.y);
     for (int64_t i = begin; i < begin + elems; i += plan_.tile_elems) {
       const int64_t n = std::min(plan_.tile_elems, begin + elems - i);
       kernel_(dy + i * in_bytes, x + i * in_bytes, y + i * out_bytes, n, plan_.coef,

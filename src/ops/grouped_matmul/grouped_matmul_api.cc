@@ -26,10 +26,9 @@ constexpr std::string_view kForward1 = "gkGroupedMatmulGetWorkspaceSize";
 constexpr std::string_view kForward2 = "gkGroupedMatmul";
 constexpr std::string_view kWeightGrad1 = "gkGroupedMatmulWeightGradGetWorkspaceSize";
 constexpr std::string_view kWeightGrad2 = "gkGroupedMatmulWeightGrad";
+constexpr std::string_view kWeightGradAdd1 = "gkGroupedMatmulWeightGradAddGetWorkspaceSize";
+constexpr std::string_view kWeightGradAdd2 = "gkGroupedMatmulWeightGradAdd";
 
-char* Base(const gkTensor& t) {
-  return static_cast<char*>(t.data) + t.offset * ElementBytes(t.dtype);
-}
 
 // What one thread owns in the workspace, and the routing tables all threads read.
 struct ThreadSlots {
@@ -58,14 +57,15 @@ class GroupedMatmulExecutorBase : public gkOpExecutor {
       : plan_(plan), gemm_(std::move(gemm)), x_(x), operand_(operand), groups_(groups),
         idx_(idx ? *idx : gkTensor{}), out_(out) {}
 
-  std::string_view op_name() const override { return GroupedMatmulOpName(plan_.shape.op); }
+  std::string_view op_name() const override { return GroupedMatmulOpName(plan_.shape); }
   uint64_t workspace_bytes() const override { return plan_.workspace_bytes; }
 
   gkStatus Run(void* workspace) const override {
     const GroupedMatmulPlan& p = plan_;
     const GroupedMatmulShape& s = p.shape;
-    const std::string_view api =
-        s.op == GroupedMatmulOp::kForward ? kForward2 : kWeightGrad2;
+    const std::string_view api = s.op == GroupedMatmulOp::kForward ? kForward2
+                                 : s.accumulate                   ? kWeightGradAdd2
+                                                                  : kWeightGrad2;
     char* base = static_cast<char*>(AlignUp(workspace, kGroupedMatmulAlignment));
     const GroupedMatmulLayout& l = p.layout;
     const auto at = [&](const GroupedMatmulRegion& r) { return r.bytes ? base + r.offset : nullptr; };
@@ -110,7 +110,7 @@ class GroupedMatmulExecutorBase : public gkOpExecutor {
   // The row of x that expanded row i reads.
   const char* XRow(const Tables& tables, int64_t i) const {
     const int64_t row = plan_.shape.gather_fused ? tables.row_token[i] : i;
-    return Base(x_) + row * plan_.shape.k * ElementBytes(plan_.shape.dtype);
+    return TensorBase(x_) + row * plan_.shape.k * ElementBytes(plan_.shape.dtype);
   }
   int64_t BlockCols(int64_t block) const {
     return block == plan_.col_blocks - 1 ? plan_.last_block_cols : plan_.base_n;
@@ -170,7 +170,7 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
                   static_cast<size_t>(p.row_granule * s.k * gemm_elem));
       slots.a_block = row_block;
     }
-    const char* w = Base(operand_);
+    const char* w = TensorBase(operand_);
     // The experts whose rows meet [r0, r1), ascending: the first is the one holding r0.
     for (int64_t g = std::upper_bound(off, off + s.g + 1, r0) - off - 1; g < s.g && off[g] < r1; ++g) {
       const int64_t s0 = std::max(r0, off[g]);
@@ -203,7 +203,7 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
       const void* b = slots.b_ready;
       const void* a = in_place ? XRow(tables, s0) : slots.a_tile + (s0 - r0) * s.k * gemm_elem;
       slots.gemm->Run(PaddedRows(s1 - s0), cols, s.k, /*accumulate=*/false, a, b, slots.c_tile);
-      char* y = Base(out_);
+      char* y = TensorBase(out_);
       const int64_t out_elem = ElementBytes(s.out_dtype);
       for (int64_t i = s0; i < s1; ++i) {
         GroupedMatmulStoreRow(slots.c_tile + (i - s0) * p.base_n, y + (i * s.n + n0) * out_elem,
@@ -252,11 +252,12 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
       return kb == p.row_blocks - 1 ? p.last_block_rows : p.base_m;
     };
     const int64_t begin = tables.group_offsets[g], end = tables.group_offsets[g + 1];
+    if (begin == end && s.accumulate) return;  // nothing to add: gradWeightRef[g] keeps its bits
     if (begin == end) {
       std::fill(slots.c_tile, slots.c_tile + (kb_end - kb_begin) * p.n_group_blocks * tile_elems,
                 0.0f);
     }
-    const char* dy = Base(operand_);
+    const char* dy = TensorBase(operand_);
     for (int64_t c0 = begin; c0 < end; c0 += p.reduce) {
       const int64_t chunk = std::min(p.reduce, end - c0);
       const int64_t reduce = PaddedRows(chunk);  // p.reduce but for an expert's last chunk
@@ -291,15 +292,19 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
         }
       }
     }
-    char* dw = Base(out_);
+    char* dw = TensorBase(out_);
     const int64_t out_elem = ElementBytes(s.out_dtype);
     for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
       for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
         const int64_t kk0 = kb * p.base_m, nn0 = nb * p.base_n;
         for (int64_t kk = 0; kk < k_rows(kb); ++kk) {
-          GroupedMatmulStoreRow(tile(kb, nb) + kk * p.base_n,
-                                dw + ((g * s.k + kk0 + kk) * s.n + nn0) * out_elem, s.out_dtype,
-                                BlockCols(nb));
+          const float* sum = tile(kb, nb) + kk * p.base_n;
+          char* row = dw + ((g * s.k + kk0 + kk) * s.n + nn0) * out_elem;
+          if (s.accumulate) {
+            GroupedMatmulAddRow(sum, row, s.out_dtype, BlockCols(nb));
+          } else {
+            GroupedMatmulStoreRow(sum, row, s.out_dtype, BlockCols(nb));
+          }
         }
       }
     }
@@ -370,11 +375,38 @@ extern "C" gkStatus gkGroupedMatmulWeightGradGetWorkspaceSize(
   });
 }
 
+extern "C" gkStatus gkGroupedMatmulWeightGradAddGetWorkspaceSize(
+    const gkTensor* x, const gkTensor* gradY, const gkTensor* groupList,
+    gkGroupListType groupListType, const gkTensor* expandedRowIdx, gkRowIdxType rowIdxType,
+    int64_t topK, gkTensor* gradWeightRef, uint64_t* workspaceSize, gkOpExecutor** executor) {
+  using namespace gk;
+  return GuardCApi(kWeightGradAdd1, [&] {
+    if (executor != nullptr) *executor = nullptr;
+    GK_RETURN_IF_ERROR(CheckNotNull(kWeightGradAdd1, workspaceSize, "workspaceSize"));
+    GK_RETURN_IF_ERROR(CheckNotNull(kWeightGradAdd1, executor, "executor"));
+    const GroupedMatmulArgs args{GroupedMatmulOp::kWeightGrad, x, nullptr, gradY, groupList,
+                                 EnumBits(groupListType), false, expandedRowIdx,
+                                 EnumBits(rowIdxType), topK, gradWeightRef,
+                                 /*accumulate=*/true};
+    return PlanGroupedMatmul<GroupedMatmulWeightGradExecutor>(kWeightGradAdd1, args,
+                                                              workspaceSize, executor);
+  });
+}
+
 extern "C" gkStatus gkGroupedMatmulWeightGrad(void* workspace, uint64_t workspaceSize,
                                               gkOpExecutor* executor, void* stream) {
   (void)stream;
   return gk::GuardCApi(gk::kWeightGrad2, [&] {
     return gk::RunExecutor(gk::kWeightGrad2, gk::kGroupedMatmulWeightGradName, workspace,
+                           workspaceSize, executor);
+  });
+}
+
+extern "C" gkStatus gkGroupedMatmulWeightGradAdd(void* workspace, uint64_t workspaceSize,
+                                                 gkOpExecutor* executor, void* stream) {
+  (void)stream;
+  return gk::GuardCApi(gk::kWeightGradAdd2, [&] {
+    return gk::RunExecutor(gk::kWeightGradAdd2, gk::kGroupedMatmulWeightGradAddName, workspace,
                            workspaceSize, executor);
   });
 }

@@ -10,8 +10,9 @@
 
 namespace gk {
 
-std::string_view GroupedMatmulOpName(GroupedMatmulOp op) {
-  return op == GroupedMatmulOp::kForward ? kGroupedMatmulName : kGroupedMatmulWeightGradName;
+std::string_view GroupedMatmulOpName(const GroupedMatmulShape& s) {
+  if (s.op == GroupedMatmulOp::kForward) return kGroupedMatmulName;
+  return s.accumulate ? kGroupedMatmulWeightGradAddName : kGroupedMatmulWeightGradName;
 }
 
 std::string_view GroupedMatmulRowsOf(const GroupedMatmulShape& s) {
@@ -22,7 +23,8 @@ std::string_view GroupedMatmulRowsOf(const GroupedMatmulShape& s) {
 namespace {
 
 std::string_view OutName(const GroupedMatmulArgs& a) {
-  return a.op == GroupedMatmulOp::kForward ? "y" : "gradWeight";
+  if (a.op == GroupedMatmulOp::kForward) return "y";
+  return a.accumulate ? "gradWeightRef" : "gradWeight";
 }
 
 gkStatus CheckDTypes(std::string_view api, const GroupedMatmulArgs& a) {
@@ -117,24 +119,25 @@ gkStatus CheckWeightGradShapes(std::string_view api, const GroupedMatmulArgs& a,
   const gkTensor& x = *a.x;
   const gkTensor& dy = *a.grad_y;
   const gkTensor& dw = *a.out;
+  const std::string_view dw_name = OutName(a);
   GK_RETURN_IF_ERROR(CheckRank(api, dy, "gradY", 2));
-  GK_RETURN_IF_ERROR(CheckRank(api, dw, "gradWeight", 3));
+  GK_RETURN_IF_ERROR(CheckRank(api, dw, dw_name, 3));
   s->m = dy.dims[0];
   s->n = dy.dims[1];
   s->k = x.dims[1];
   s->g = dw.dims[0];
-  GK_RETURN_IF_ERROR(CheckDimsInRange(api, dw, "gradWeight", *s));
+  GK_RETURN_IF_ERROR(CheckDimsInRange(api, dw, dw_name, *s));
   if (!s->gather_fused) {
     GK_RETURN_IF_ERROR(CheckDimIs(api, dy, "gradY", 0, x.dims[0], "M, x.shape[0]"));
   }
   if (dw.dims[1] != s->k && dw.dims[1] == s->n && dw.dims[2] == s->k) {
     return Fail(GK_ERROR_PARAM_INVALID, api,
-                "gradWeight has shape {}, which is [G, N, K] with K = {} (x.shape[1]) and N = {} "
-                "(gradY.shape[1]): K and N look swapped; gradWeight must be [G, K, N]",
-                ShapeString(dw), s->k, s->n);
+                "{} has shape {}, which is [G, N, K] with K = {} (x.shape[1]) and N = {} "
+                "(gradY.shape[1]): K and N look swapped; {} must be [G, K, N]",
+                dw_name, ShapeString(dw), s->k, s->n, dw_name);
   }
-  GK_RETURN_IF_ERROR(CheckDimIs(api, dw, "gradWeight", 1, s->k, "K, x.shape[1]"));
-  return CheckDimIs(api, dw, "gradWeight", 2, s->n, "N, gradY.shape[1]");
+  GK_RETURN_IF_ERROR(CheckDimIs(api, dw, dw_name, 1, s->k, "K, x.shape[1]"));
+  return CheckDimIs(api, dw, dw_name, 2, s->n, "N, gradY.shape[1]");
 }
 
 // Gather-fused: the routing's sizes (the values come later).
@@ -244,12 +247,15 @@ gkStatus CheckGroupedMatmul(std::string_view api, const GroupedMatmulArgs& a,
   s->gather_fused = a.expanded_row_idx != nullptr;
   s->dtype = a.x->dtype;
   s->out_dtype = a.out->dtype;
+  s->accumulate = !forward && a.accumulate;
   GK_RETURN_IF_ERROR(CheckRank(api, *a.x, "x", 2));
   GK_RETURN_IF_ERROR(CheckRank(api, *a.group_list, "groupList", 1));
   GK_RETURN_IF_ERROR(forward ? CheckForwardShapes(api, a, s) : CheckWeightGradShapes(api, a, s));
   s->x_rows = a.x->dims[0];
   GK_RETURN_IF_ERROR(CheckDimIs(api, *a.group_list, "groupList", 0, s->g,
-                                forward ? "G, weight.shape[0]" : "G, gradWeight.shape[0]"));
+                                forward ? "G, weight.shape[0]"
+                                : (a.accumulate ? "G, gradWeightRef.shape[0]"
+                                                : "G, gradWeight.shape[0]")));
   GK_RETURN_IF_ERROR(CheckRoutingShapes(api, a, s));
 
   struct Named {

@@ -15,6 +15,7 @@ namespace gk {
 
 inline constexpr std::string_view kGroupedMatmulName = "GroupedMatmul";
 inline constexpr std::string_view kGroupedMatmulWeightGradName = "GroupedMatmulWeightGrad";
+inline constexpr std::string_view kGroupedMatmulWeightGradAddName = "GroupedMatmulWeightGradAdd";
 
 inline constexpr int64_t kGroupedMatmulMaxDim = (int64_t{1} << 31) - 1;  // G, K, N
 
@@ -36,6 +37,7 @@ struct GroupedMatmulArgs {
   int64_t row_idx_type;
   int64_t top_k;
   const gkTensor* out;               // forward: y [M, N]; weight grad: gradWeight [G, K, N]
+  bool accumulate = false;           // weight grad only: out is gradWeightRef, added to
 };
 
 // Everything the plan and the kernels need, once the arguments passed the checks.
@@ -51,13 +53,15 @@ struct GroupedMatmulShape {
   DType out_dtype;    // float32 or dtype
   // Forward: W[g][k][n] is stored at g*K*N + n*K + k ([G, N, K] storage) rather than k*N + n.
   bool weight_nk = false;
+  // Weight grad: gradWeightRef = its own value + the float32 sum, rounded once (WeightGradAdd).
+  bool accumulate = false;
   // The routing in the fused backward's terms: m, g, l, batch, top_k, index_dtype, row_idx_type,
   // group_list_type (batch = M and top_k = 1 for plain x), for the shared index builders.
   MoeGradShape routing{};
   bool operator==(const GroupedMatmulShape&) const = default;
 };
 
-std::string_view GroupedMatmulOpName(GroupedMatmulOp op);
+std::string_view GroupedMatmulOpName(const GroupedMatmulShape& shape);
 
 // Checks every argument, descriptors first, then the index values; on failure records the
 // message (argument, value, rule) and returns its status. Reads groupList and expandedRowIdx.

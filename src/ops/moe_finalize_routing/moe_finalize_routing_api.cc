@@ -21,9 +21,6 @@ constexpr std::string_view kForward2 = "gkMoeFinalizeRouting";
 constexpr std::string_view kBackward1 = "gkMoeFinalizeRoutingGradGetWorkspaceSize";
 constexpr std::string_view kBackward2 = "gkMoeFinalizeRoutingGrad";
 
-char* Base(const gkTensor& t) {
-  return static_cast<char*>(t.data) + t.offset * ElementBytes(t.dtype);
-}
 
 // Both ops: the tensors, the plan, the table and the per-thread rows; Token() is the op.
 class MoeFinalizeExecutor final : public gkOpExecutor {
@@ -73,9 +70,9 @@ class MoeFinalizeExecutor final : public gkOpExecutor {
 
  private:
   char* Row(const gkTensor& t, int64_t row) const {
-    return Base(t) + row * plan_.shape.n * ElementBytes(t.dtype);
+    return TensorBase(t) + row * plan_.shape.n * ElementBytes(t.dtype);
   }
-  float Prob(int64_t slot) const { return LoadAsF32(Base(probs_), slot, probs_.dtype); }
+  float Prob(int64_t slot) const { return LoadAsF32(TensorBase(probs_), slot, probs_.dtype); }
 
   // The expandedY rows of the first `most` kept slots in [p, p_end): what a kernel call
   // prefetches for the next one. Returns how many.
@@ -142,14 +139,14 @@ class MoeFinalizeExecutor final : public gkOpExecutor {
       args.next_grad_out = token_done && b + 1 < end ? Row(grad_out_, b + 1) : nullptr;
       MoeFinalizeGradSlots(args);
       for (int64_t i = 0; i < args.count; ++i) {
-        StoreFromF32(Base(grad_probs_), slots[i], s.grad_probs_dtype, grad_probs[i]);
+        StoreFromF32(TensorBase(grad_probs_), slots[i], s.grad_probs_dtype, grad_probs[i]);
       }
       args.count = 0;
     };
     for (int64_t p = b * s.top_k; p < (b + 1) * s.top_k; ++p) {
       const int64_t row = slot_row[p];
       if (row < 0) {
-        StoreFromF32(Base(grad_probs_), p, s.grad_probs_dtype, 0.0f);
+        StoreFromF32(TensorBase(grad_probs_), p, s.grad_probs_dtype, 0.0f);
         continue;
       }
       slots[args.count] = p;

@@ -20,15 +20,12 @@ namespace {
 constexpr std::string_view kPhase1 = "gkMoeInitRoutingGetWorkspaceSize";
 constexpr std::string_view kPhase2 = "gkMoeInitRouting";
 
-char* Base(const gkTensor& t) {
-  return static_cast<char*>(t.data) + t.offset * ElementBytes(t.dtype);
-}
 
 void StoreIndex(const gkTensor& t, int64_t i, int64_t value) {
   if (t.dtype == DType::kI32) {
-    reinterpret_cast<int32_t*>(Base(t))[i] = static_cast<int32_t>(value);
+    reinterpret_cast<int32_t*>(TensorBase(t))[i] = static_cast<int32_t>(value);
   } else {
-    reinterpret_cast<int64_t*>(Base(t))[i] = value;
+    reinterpret_cast<int64_t*>(TensorBase(t))[i] = value;
   }
 }
 
@@ -53,7 +50,7 @@ class MoeInitRoutingExecutor final : public gkOpExecutor {
     // any output byte is written.
     GK_RETURN_IF_ERROR(BuildMoeInitRoutingTable(kPhase2, experts_, s, &table));
     const int64_t* offsets = table.group_offsets;
-    int64_t* group_list = reinterpret_cast<int64_t*>(Base(groups_));
+    int64_t* group_list = reinterpret_cast<int64_t*>(TensorBase(groups_));
     for (int64_t g = 0; g < s.g; ++g) {
       group_list[g] = s.group_list_type == GroupListType::kCumsum ? offsets[g + 1]
                                                                   : offsets[g + 1] - offsets[g];
@@ -77,10 +74,10 @@ class MoeInitRoutingExecutor final : public gkOpExecutor {
     const auto row_bytes = static_cast<size_t>(s.h * elem);
     const int64_t begin = unit * plan_.rows_per_unit;
     const int64_t end = std::min(s.rows, begin + plan_.rows_per_unit);
-    const char* x = Base(x_);
+    const char* x = TensorBase(x_);
     for (int64_t i = begin; i < end; ++i) {
       if (s.expand_x) {
-        char* target = Base(ex_) + i * s.h * elem;
+        char* target = TensorBase(ex_) + i * s.h * elem;
         if (i < table.m) {
           const int64_t slot = table.row_slot[i];
           std::memcpy(target, x + slot / s.top_k * s.x_row_stride * elem, row_bytes);

@@ -71,9 +71,6 @@ class MoeGradExecutor final : public gkOpExecutor {
   }
 
  private:
-  static char* Base(const gkTensor& t) {
-    return static_cast<char*>(t.data) + t.offset * ElementBytes(t.dtype);
-  }
 
   // Everything one thread owns in the workspace.
   struct ThreadSlots {
@@ -122,7 +119,7 @@ class MoeGradExecutor final : public gkOpExecutor {
     const MoeGradPlan& p = plan_;
     const int64_t token_begin = chunk * p.tokens_per_chunk;
     const int64_t token_end = std::min(p.shape.batch, token_begin + p.tokens_per_chunk);
-    float* dx = reinterpret_cast<float*>(Base(dx_));
+    float* dx = reinterpret_cast<float*>(TensorBase(dx_));
     for (int64_t b = token_begin; b < token_end; ++b) {
       std::memset(dx + b * p.shape.k + block * p.base_n, 0,
                   static_cast<size_t>(BlockCols(block)) * sizeof(float));
@@ -137,7 +134,7 @@ class MoeGradExecutor final : public gkOpExecutor {
     const MoeGradShape& s = p.shape;
     const int64_t col0 = block * p.base_n;
     const int64_t cols = BlockCols(block);
-    float* dx = reinterpret_cast<float*>(Base(dx_));
+    float* dx = reinterpret_cast<float*>(TensorBase(dx_));
     const int64_t elem = ElementBytes(s.dtype);
     const int64_t group_rows = p.parall_num * p.base_m;
     int64_t begin, end;  // positions in the chunk's row list (or rows, with one chunk)
@@ -149,7 +146,7 @@ class MoeGradExecutor final : public gkOpExecutor {
       end = ws.group_offsets[g + 1];
     }
     // Column col0 of expert g: row col0 of its [K, N] matrix, or column col0 of its [N, K] one.
-    const char* weight_block = Base(w_) + (s.weight_nk ? g * s.k * s.n + col0
+    const char* weight_block = TensorBase(w_) + (s.weight_nk ? g * s.k * s.n + col0
                                                        : (g * s.k + col0) * s.n) * elem;
     // Up to parall_num tiles at a time: each k-block of the weights is copied (float16:
     // converted; [N, K] storage: transposed) once for all of them, and their sums stay in the
@@ -229,11 +226,11 @@ class MoeGradExecutor final : public gkOpExecutor {
                           RowAt(ws, position + rows - 1) - first_row == rows - 1;
     const void* a;
     if (in_place) {
-      a = Base(dy_) + first_row * s.n * elem;
+      a = TensorBase(dy_) + first_row * s.n * elem;
     } else {
       const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
       for (int64_t r = 0; r < rows; ++r) {
-        const char* source = Base(dy_) + (RowAt(ws, position + r) * s.n + k0) * elem;
+        const char* source = TensorBase(dy_) + (RowAt(ws, position + r) * s.n + k0) * elem;
         char* target = slots.a_tile + r * p.base_k * gemm_elem;
         if (s.dtype == DType::kF16) {
           MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(source),

@@ -15,7 +15,7 @@ namespace gk {
 
 // Element i of a contiguous int32 or int64 index tensor, as int64.
 inline int64_t IndexAt(const gkTensor& t, int64_t i) {
-  const char* base = static_cast<const char*>(t.data) + t.offset * ElementBytes(t.dtype);
+  const char* base = TensorBase(t);
   if (t.dtype == DType::kI32) return reinterpret_cast<const int32_t*>(base)[i];
   return reinterpret_cast<const int64_t*>(base)[i];
 }

@@ -243,6 +243,46 @@ TEST(grouped_matmul_api, EmptyExpertsGetZeroGradients) {
   }
 }
 
+// GroupedMatmulWeightGradAdd: each element of gradWeightRef becomes its old value (as float32)
+// plus the float32 sum GroupedMatmulWeightGrad computes, rounded once to its dtype; an empty
+// expert's slice keeps its bits (here -0.0 and NaN, which an addition of 0 would change). The
+// same bytes for 1 and 3 threads. Experts of 300+ rows reduce in more than one chunk.
+TEST(grouped_matmul_api, WeightGradAddIsTheSumAddedOnce) {
+  const GmmCase c{"add", 700, 2, 5, 40, 36, 1.0, 0.2, {3}};
+  for (DType dtype : kDTypes) {
+    const GmmInputs in = MakeGmmInputs(c, dtype, GmmValues::kRandom);
+    for (int64_t row_idx_type : {-1, 1}) {
+      GmmOptions o;
+      o.row_idx_type = row_idx_type;
+      const GmmOutput sum = RunWeightGrad(in, o);  // float32
+      for (bool out_f32 : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " rowIdxType " << row_idx_type
+                                          << (out_f32 ? " float32 out" : " dtype out"));
+        o.out_f32 = out_f32;
+        GmmOutput before{out_f32 ? DType::kF32 : dtype, {}};
+        const int64_t elems = c.g * c.k * c.n, slice = c.k * c.n;
+        before.bytes.resize(static_cast<size_t>(elems * ElementBytes(before.dtype)));
+        std::mt19937 generator(5);
+        std::uniform_real_distribution<float> real(-4.0f, 4.0f);
+        for (int64_t i = 0; i < elems; ++i) StoreFromF32(before.bytes.data(), i, before.dtype, real(generator));
+        StoreFromF32(before.bytes.data(), 3 * slice, before.dtype, -0.0f);
+        StoreFromF32(before.bytes.data(), 3 * slice + 1, before.dtype, std::nanf(""));
+        for (int32_t threads : {1, 3}) {
+          o.threads = threads;
+          const GmmOutput after = RunWeightGrad(in, o, &before);
+          std::vector<uint8_t> want(before.bytes);
+          for (int64_t i = 0; i < elems; ++i) {
+            if (i / slice == 3) continue;  // empty: unchanged
+            StoreFromF32(want.data(), i, before.dtype,
+                         static_cast<float>(before.At(i)) + static_cast<float>(sum.At(i)));
+          }
+          ASSERT_EQ(after.bytes, want) << threads << " threads";
+        }
+      }
+    }
+  }
+}
+
 // Determinism: the same bytes on every run and for 1, 2, 3 and 4 threads, with random inputs.
 // The cases have many units, both unit orders of the forward pass, and several chunks.
 TEST(grouped_matmul_api, BitIdenticalAcrossRunsAndThreadCounts) {

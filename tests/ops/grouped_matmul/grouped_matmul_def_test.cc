@@ -1,5 +1,6 @@
-// Every check of GroupedMatmul and GroupedMatmulWeightGrad: the status, a message naming the
-// argument, its value and the rule, and the output left untouched (filled with a sentinel).
+// Every check of GroupedMatmul, GroupedMatmulWeightGrad and GroupedMatmulWeightGradAdd: the
+// status, a message naming the argument, its value and the rule, and the output left untouched
+// (filled with a sentinel).
 #include <cstring>
 #include <functional>
 
@@ -14,6 +15,7 @@ constexpr float kSentinel = -12345.5f;
 // 6 tokens x topK 2 = 12 slots, 10 routed; rows sorted by expert, counts 4, 3, 3.
 struct Problem {
   bool weight_grad = false;
+  bool accumulate = false;  // weight grad: GroupedMatmulWeightGradAdd into the output
   int64_t batch = 6, top_k = 2, g = 3, k = 8, n = 4, m = 10;
   bool gather_fused = true;
   int64_t row_idx_type = 0;
@@ -89,7 +91,11 @@ Outcome Plan(Problem& p) {
   Outcome result;
   const auto group_type = static_cast<gkGroupListType>(p.group_list_type);
   const auto row_type = static_cast<gkRowIdxType>(p.row_idx_type);
-  if (p.weight_grad) {
+  if (p.accumulate) {
+    result.status = gkGroupedMatmulWeightGradAddGetWorkspaceSize(
+        x, operand, groups, group_type, p.null_idx ? nullptr : idx, row_type, p.top_k, out, &size,
+        &executor);
+  } else if (p.weight_grad) {
     result.status = gkGroupedMatmulWeightGradGetWorkspaceSize(
         x, operand, groups, group_type, p.null_idx ? nullptr : idx, row_type, p.top_k, out, &size,
         &executor);
@@ -101,7 +107,9 @@ Outcome Plan(Problem& p) {
   result.message = gkGetRecentErrMsg();
   if (result.status == GK_SUCCESS) {
     std::vector<uint8_t> workspace(size);
-    result.status = p.weight_grad
+    result.status = p.accumulate
+                        ? gkGroupedMatmulWeightGradAdd(workspace.data(), size, executor, nullptr)
+                    : p.weight_grad
                         ? gkGroupedMatmulWeightGrad(workspace.data(), size, executor, nullptr)
                         : gkGroupedMatmul(workspace.data(), size, executor, nullptr);
     result.message = gkGetRecentErrMsg();
@@ -124,12 +132,13 @@ void ExpectRejected(Problem p, const std::vector<std::string>& words,
   EXPECT_TRUE(out.out_untouched);
 }
 
-// Both operators, each check.
+// Every operator (the weight gradient written and added), each check.
 void ForBoth(const std::function<void(Problem&)>& edit, const std::vector<std::string>& words,
              gkStatus status = GK_ERROR_PARAM_INVALID) {
-  for (bool weight_grad : {false, true}) {
-    SCOPED_TRACE(weight_grad ? "weight grad" : "forward");
-    Problem p = weight_grad ? Problem::WeightGrad() : Problem();
+  for (int op = 0; op < 3; ++op) {
+    SCOPED_TRACE(op == 0 ? "forward" : op == 1 ? "weight grad" : "weight grad add");
+    Problem p = op == 0 ? Problem() : Problem::WeightGrad();
+    p.accumulate = op == 2;
     edit(p);
     ExpectRejected(p, words, status);
   }
@@ -151,6 +160,14 @@ TEST(grouped_matmul_def, TheValidProblemRuns) {
       }
     }
   }
+  // The weight gradient added to what the output held.
+  Problem add = Problem::WeightGrad();
+  add.accumulate = true;
+  const Outcome out = Plan(add);
+  EXPECT_EQ(out.status, GK_SUCCESS) << out.message;
+  EXPECT_EQ(add.out[0], kSentinel + 4.0f);
+  EXPECT_EQ(add.out[add.g * add.k * add.n - 1], kSentinel + 3.0f);
+  EXPECT_EQ(add.out[add.g * add.k * add.n], kSentinel);  // past gradWeightRef
 }
 
 TEST(grouped_matmul_def, NullPointers) {
@@ -174,8 +191,14 @@ TEST(grouped_matmul_def, NullPointers) {
   EXPECT_EQ(gkGroupedMatmulWeightGradGetWorkspaceSize(t, t, t, GK_GROUP_LIST_COUNT, nullptr,
                                                       GK_ROW_IDX_GATHER, 1, t, &size, nullptr),
             GK_ERROR_NULLPTR);
+  EXPECT_EQ(gkGroupedMatmulWeightGradAddGetWorkspaceSize(t, t, t, GK_GROUP_LIST_COUNT, nullptr,
+                                                         GK_ROW_IDX_GATHER, 1, nullptr, &size,
+                                                         &executor),
+            GK_ERROR_NULLPTR);
+  EXPECT_NE(std::string(gkGetRecentErrMsg()).find("gradWeightRef"), std::string::npos);
   EXPECT_EQ(gkGroupedMatmul(nullptr, 0, nullptr, nullptr), GK_ERROR_NULLPTR);
   EXPECT_EQ(gkGroupedMatmulWeightGrad(nullptr, 0, nullptr, nullptr), GK_ERROR_NULLPTR);
+  EXPECT_EQ(gkGroupedMatmulWeightGradAdd(nullptr, 0, nullptr, nullptr), GK_ERROR_NULLPTR);
   gkDestroyTensor(t);
 }
 
@@ -194,6 +217,9 @@ TEST(grouped_matmul_def, ExecutorOfTheOtherOperator) {
   std::vector<uint8_t> workspace(size);
   EXPECT_EQ(gkGroupedMatmulWeightGrad(workspace.data(), size, executor, nullptr),
             GK_ERROR_PARAM_INVALID);
+  EXPECT_EQ(gkGroupedMatmulWeightGradAdd(workspace.data(), size, executor, nullptr),
+            GK_ERROR_PARAM_INVALID);
+  EXPECT_NE(std::string(gkGetRecentErrMsg()).find("GroupedMatmulWeightGradAdd"), std::string::npos);
   EXPECT_EQ(gkGroupedMatmul(workspace.data(), size - 1, executor, nullptr), GK_ERROR_PARAM_INVALID);
   EXPECT_NE(std::string(gkGetRecentErrMsg()).find("workspaceSize"), std::string::npos);
   for (float v : p.out) EXPECT_EQ(F32Bits(v), F32Bits(kSentinel));
@@ -303,6 +329,51 @@ TEST(grouped_matmul_def, WeightLayouts) {
   Problem w = Problem::WeightGrad();
   w.operand_strides = strided;
   ExpectRejected(w, {"gradY", "contiguous"});
+}
+
+// A tensor without elements may carry any offset (nothing is addressed through it): no check
+// refuses it, and phase 2 never forms its offset in bytes (2^62 * 4 overflows int64; libFuzzer
+// found phase 2 doing so, which UBSan reports in the sanitizer build). M = 0 rows, G = 2.
+TEST(grouped_matmul_def, EmptyTensorsMayCarryAnyOffset) {
+  constexpr int64_t kHuge = int64_t{1} << 62;
+  const int64_t g = 2, k = 3, n = 5;
+  std::vector<float> weight(g * k * n, 1.0f), grad(g * k * n, kSentinel);
+  std::vector<int64_t> counts{0, 0};
+  float nothing = 0.0f;
+  TensorGuard x({0, k}, DType::kF32, &nothing, {}, kHuge);
+  TensorGuard w({g, k, n}, DType::kF32, weight.data());
+  TensorGuard groups({g}, DType::kI64, counts.data());
+  TensorGuard y({0, n}, DType::kF32, &nothing, {}, kHuge);
+  TensorGuard dy({0, n}, DType::kF32, &nothing, {}, kHuge);
+  TensorGuard dw({g, k, n}, DType::kF32, grad.data());
+  for (int op = 0; op < 3; ++op) {
+    SCOPED_TRACE(op);
+    uint64_t size = 0;
+    gkOpExecutor* executor = nullptr;
+    const gkStatus planned =
+        op == 0 ? gkGroupedMatmulGetWorkspaceSize(x.t, w.t, groups.t, GK_GROUP_LIST_COUNT, false,
+                                                  nullptr, GK_ROW_IDX_GATHER, 1, y.t, &size,
+                                                  &executor)
+        : op == 1 ? gkGroupedMatmulWeightGradGetWorkspaceSize(x.t, dy.t, groups.t,
+                                                              GK_GROUP_LIST_COUNT, nullptr,
+                                                              GK_ROW_IDX_GATHER, 1, dw.t, &size,
+                                                              &executor)
+                  : gkGroupedMatmulWeightGradAddGetWorkspaceSize(x.t, dy.t, groups.t,
+                                                                 GK_GROUP_LIST_COUNT, nullptr,
+                                                                 GK_ROW_IDX_GATHER, 1, dw.t,
+                                                                 &size, &executor);
+    ASSERT_EQ(planned, GK_SUCCESS) << gkGetRecentErrMsg();
+    std::vector<uint8_t> workspace(size);
+    const auto run = op == 0   ? gkGroupedMatmul
+                     : op == 1 ? gkGroupedMatmulWeightGrad
+                               : gkGroupedMatmulWeightGradAdd;
+    EXPECT_EQ(run(workspace.data(), size, executor, nullptr), GK_SUCCESS) << gkGetRecentErrMsg();
+    gkDestroyExecutor(executor);
+    // Weight grad: empty experts are zeros; added: zeros stay (no expert has rows).
+    if (op >= 1) {
+      for (float v : grad) EXPECT_EQ(F32Bits(v), 0u);
+    }
+  }
 }
 
 TEST(grouped_matmul_def, LayoutAndOverlap) {

@@ -195,11 +195,14 @@ inline GmmOutput RunGroupedMatmul(const GmmInputs& in, const GmmOptions& o = {})
   return y;
 }
 
-// Runs GroupedMatmulWeightGrad; gradWeight starts as NaN bytes.
-inline GmmOutput RunWeightGrad(const GmmInputs& in, const GmmOptions& o = {}) {
+// Runs GroupedMatmulWeightGrad; gradWeight starts as NaN bytes. With add_to, runs
+// GroupedMatmulWeightGradAdd on a copy of add_to's bytes instead (their dtype is the output's).
+inline GmmOutput RunWeightGrad(const GmmInputs& in, const GmmOptions& o = {},
+                               const GmmOutput* add_to = nullptr) {
   const GmmCase& c = in.c;
   GmmOutput dw{o.out_f32 ? DType::kF32 : in.dtype, {}};
   dw.bytes.assign(static_cast<size_t>(c.g * c.k * c.n * ElementBytes(dw.dtype)), 0xFF);
+  if (add_to != nullptr) dw = *add_to;
   TensorGuard x_t(XDims(in, o), in.dtype, XData(in, o));
   TensorGuard gy_t({in.m(), c.n}, in.dtype, in.gy.data());
   const RoutingArgs routing(in, o);
@@ -207,15 +210,17 @@ inline GmmOutput RunWeightGrad(const GmmInputs& in, const GmmOptions& o = {}) {
   EXPECT_EQ(gkSetNumThreads(o.threads), GK_SUCCESS);
   uint64_t workspace_size = 0;
   gkOpExecutor* executor = nullptr;
-  const gkStatus planned = gkGroupedMatmulWeightGradGetWorkspaceSize(
-      x_t.t, gy_t.t, routing.groups_t->t, o.group_list_type, routing.expanded_row_idx(),
-      static_cast<gkRowIdxType>(std::max<int64_t>(o.row_idx_type, 0)), c.top_k, dw_t.t,
-      &workspace_size, &executor);
+  const auto plan = add_to != nullptr ? gkGroupedMatmulWeightGradAddGetWorkspaceSize
+                                      : gkGroupedMatmulWeightGradGetWorkspaceSize;
+  const gkStatus planned =
+      plan(x_t.t, gy_t.t, routing.groups_t->t, o.group_list_type, routing.expanded_row_idx(),
+           static_cast<gkRowIdxType>(std::max<int64_t>(o.row_idx_type, 0)), c.top_k, dw_t.t,
+           &workspace_size, &executor);
   EXPECT_EQ(planned, GK_SUCCESS) << gkGetRecentErrMsg();
   if (planned == GK_SUCCESS) {
     std::vector<uint8_t> workspace(workspace_size);
-    EXPECT_EQ(gkGroupedMatmulWeightGrad(workspace.data(), workspace_size, executor, nullptr),
-              GK_SUCCESS)
+    const auto run = add_to != nullptr ? gkGroupedMatmulWeightGradAdd : gkGroupedMatmulWeightGrad;
+    EXPECT_EQ(run(workspace.data(), workspace_size, executor, nullptr), GK_SUCCESS)
         << gkGetRecentErrMsg();
   }
   gkDestroyExecutor(executor);

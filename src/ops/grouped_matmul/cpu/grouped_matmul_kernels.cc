@@ -35,6 +35,31 @@ HWY_NOINLINE void StoreRowAs(const float* src, void* dst, DType dtype, int64_t n
   }
 }
 
+// dst[j] = round(dst[j] as float32 + src[j]): one float32 add, one rounding.
+template <class Storage>
+void AddRow(const float* src, void* dst_bytes, int64_t n, DType dtype) {
+  using Lane = typename Storage::Lane;
+  auto* dst = static_cast<Lane*>(dst_bytes);
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  int64_t j = 0;
+  for (; j + lanes <= n; j += lanes) {
+    const auto sum = hn::Add(LoadAsF32<Storage>(df, dst + j), hn::LoadU(df, src + j));
+    StoreFromF32<Storage>(df, sum, dst + j);
+  }
+  for (; j < n; ++j) {
+    ::gk::StoreFromF32(dst_bytes, j, dtype, ::gk::LoadAsF32(dst_bytes, j, dtype) + src[j]);
+  }
+}
+
+HWY_NOINLINE void AddRowAs(const float* src, void* dst, DType dtype, int64_t n) {
+  switch (dtype) {
+    case DType::kF16: AddRow<F16Storage>(src, dst, n, dtype); break;
+    case DType::kBF16: AddRow<Bf16Storage>(src, dst, n, dtype); break;
+    default: AddRow<F32Storage>(src, dst, n, dtype); break;
+  }
+}
+
 // dst[c * ld_dst + i] = row_at(i)[c] for i < rows, c < cols: float32 in 4 x 4 blocks
 // transposed in registers, 16-bit values in 8 x 8 blocks, 8 destination rows at a time (so that
 // the rows being written never crowd one cache set when ld_dst is a power of two); the edges
@@ -149,6 +174,7 @@ HWY_AFTER_NAMESPACE();
 namespace gk {
 
 HWY_EXPORT(StoreRowAs);
+HWY_EXPORT(AddRowAs);
 HWY_EXPORT(TransposeBlockF32);
 HWY_EXPORT(TransposeBlock16);
 HWY_EXPORT(TransposeRowsF32);
@@ -156,6 +182,10 @@ HWY_EXPORT(TransposeRows16);
 
 void GroupedMatmulStoreRow(const float* src, void* dst, DType dtype, int64_t n) {
   HWY_DYNAMIC_DISPATCH(StoreRowAs)(src, dst, dtype, n);
+}
+
+void GroupedMatmulAddRow(const float* src, void* dst, DType dtype, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(AddRowAs)(src, dst, dtype, n);
 }
 
 namespace {

@@ -13,6 +13,10 @@ namespace gk {
 // dst[j] = src[j] rounded once (to nearest even) to `dtype` (float32, float16, bfloat16), j < n.
 void GroupedMatmulStoreRow(const float* src, void* dst, DType dtype, int64_t n);
 
+// dst[j] = (dst[j] as float32 + src[j]) rounded once to `dtype`, j < n: the accumulating store of
+// GroupedMatmulWeightGradAdd (one float32 addition per element; no fused multiply-add).
+void GroupedMatmulAddRow(const float* src, void* dst, DType dtype, int64_t n);
+
 // A block of a weight stored [K, N] (row stride ld_src) copied transposed into the B tile:
 // dst[c * ld_dst + i] = src[i * ld_src + c] for c < cols, i < reduce; float16 converted to float32
 // (exact), float32 and bfloat16 copied. The values of MoeTransposeWeightBlock (moe_grad_kernels.h),
