@@ -49,7 +49,9 @@ def make_models(args):
     torch.manual_seed(args.seed)
     layer = dict(hidden=args.hidden, ffn_hidden=args.ffn, num_experts=args.experts,
                  topk=args.topk, activation="gelu")
-    ours = Classifier(gkt.MoeFFN(**layer))
+    # grad_accumulation_fusion: the expert weights' gradients are added straight into .grad
+    # (this loop's optimizer reads .grad after backward(); see docs/torch.md).
+    ours = Classifier(gkt.MoeFFN(**layer, grad_accumulation_fusion=True))
     peer = Classifier(gkt.TorchMoeFFN(**layer))
     peer.load_state_dict(ours.state_dict())
     return ours, peer
@@ -167,8 +169,9 @@ def memory_probe(kind, args):
     """Prints the peak RSS increase (MiB) of one forward + backward of the layer, after a warm-up
     step, over the RSS at its start (parameters, their gradients and the input already there)."""
     torch.manual_seed(args.seed)
-    cls = gkt.MoeFFN if kind == "gradkit" else gkt.TorchMoeFFN
-    layer = cls(args.mem_hidden, args.mem_ffn, args.mem_experts, args.mem_topk, "gelu")
+    shape = (args.mem_hidden, args.mem_ffn, args.mem_experts, args.mem_topk, "gelu")
+    layer = (gkt.MoeFFN(*shape, grad_accumulation_fusion=True) if kind == "gradkit"
+             else gkt.TorchMoeFFN(*shape))
     x = torch.randn(args.mem_batch, args.mem_hidden, requires_grad=True)
     dout = torch.randn(args.mem_batch, args.mem_hidden)
 

@@ -86,7 +86,7 @@ def elu(x, alpha=1.0, scale=1.0, input_scale=1.0, save_result=False):
     return _Elu.apply(x, float(alpha), float(scale), float(input_scale), bool(save_result))
 
 
-# Expert matmuls' backwards (and MoeFFN's second matmul) run in chunks of whole experts, in
+# MoeFFN's second expert matmul, forward and backward, runs in chunks of whole experts, in
 # expert order, each with about this many bytes of [rows, F] temporaries (at least one expert):
 # those temporaries exist for one chunk at a time, not for all M rows. The split depends on the
 # routing and F only.
@@ -148,9 +148,9 @@ class _WeightGradSink:
 
 
 class _GroupedLinearGather(torch.autograd.Function):
-    """y[i] = x[token(i)] @ weight[g(i)], x read through the routing. Backward, over chunks of
-    experts (expert_chunks): d_x by the fused operator (summed over the chunks in order) and
-    d_weight by the weight-gradient one."""
+    """y[i] = x[token(i)] @ weight[g(i)], x read through the routing. Backward: d_x by the fused
+    operator and d_weight by the weight-gradient one, each one call over every expert (neither
+    makes a temporary of [rows, F]: d_y is read in place, x through the routing)."""
 
     @staticmethod
     def forward(ctx, x, weight, expanded_row_idx, group_list, topk, fuse_grad=False):
@@ -159,31 +159,24 @@ class _GroupedLinearGather(torch.autograd.Function):
         ctx.save_for_backward(x, weight, expanded_row_idx, group_list)
         ctx.topk = topk
         ctx.weight = weight if fuse_grad else None  # the parameter whose .grad takes d_weight
-        ctx.chunks = expert_chunks(group_list.tolist(), y.shape[1] * y.element_size())
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, idx, groups = ctx.saved_tensors
-        ops = _ops()
         dy = dy.to(weight.dtype)
         want_dx, want_dw = ctx.needs_input_grad[0:2]
-        dx = None
-        # Each chunk's experts written in place (into weight.grad with the fusion).
-        fused = ctx.weight is not None
-        dw = _WeightGradSink(ctx.weight if fused else weight, fused) if want_dw else None
-        for g0, g1, r0, r1 in ctx.chunks:
-            counts, dy_c, idx_c = groups[g0:g1], dy[r0:r1], idx[r0:r1]
-            if want_dx:
-                part = ops.moe_init_routing_grouped_matmul_grad(
-                    dy_c, weight[g0:g1], idx_c, counts, x.shape[0], ctx.topk, ROW_IDX_GATHER,
-                    GROUP_LIST_COUNT)
-                dx = part if dx is None else dx.add_(part)
-                del part
-            if want_dw:
-                dw.write(g0, g1, x, dy_c, counts, idx_c, ROW_IDX_GATHER, ctx.topk)
-        return (None if dx is None else dx.to(x.dtype), None if dw is None else dw.result(),
-                None, None, None, None)
+        dx = dw = None
+        if want_dx:
+            dx = _ops().moe_init_routing_grouped_matmul_grad(
+                dy, weight, idx, groups, x.shape[0], ctx.topk, ROW_IDX_GATHER,
+                GROUP_LIST_COUNT).to(x.dtype)
+        if want_dw:  # written in place (into weight.grad with the fusion)
+            fused = ctx.weight is not None
+            sink = _WeightGradSink(ctx.weight if fused else weight, fused)
+            sink.write(0, weight.shape[0], x, dy, groups, idx, ROW_IDX_GATHER, ctx.topk)
+            dw = sink.result()
+        return dx, dw, None, None, None, None
 
 
 def moe_grouped_linear(x, expert_idx, weight, capacity=0, routing=None,

@@ -9,8 +9,8 @@ plain PyTorch (TorchMoeFFN) to check it against and to measure it beside.
 
 What MoeFFN keeps for the backward: h and y (besides x and the parameters). act(h) is
 recomputed in the backward (an elementwise op), the expanded x is never made, d_x comes from
-the fused operator without its [M, H] intermediate, the second matmul and the backward run over
-chunks of experts, so act(h) and its gradient are bounded (expert_chunks), and the two expert
+the fused operator without its [M, H] intermediate, the second matmul (forward and backward) runs
+over chunks of experts, so act(h) and its gradient are bounded (expert_chunks), and the two expert
 matmuls are autograd nodes of their own, so d_W2 is added into w2.grad before d_W1 exists.
 TorchMoeFFN keeps, per expert, the gathered x, h, act(h) and y, as autograd does for its ops.
 """
