@@ -29,7 +29,6 @@ constexpr std::string_view kWeightGrad2 = "gkGroupedMatmulWeightGrad";
 constexpr std::string_view kWeightGradAdd1 = "gkGroupedMatmulWeightGradAddGetWorkspaceSize";
 constexpr std::string_view kWeightGradAdd2 = "gkGroupedMatmulWeightGradAdd";
 
-
 // What one thread owns in the workspace, and the routing tables all threads read.
 struct ThreadSlots {
   float* c_tile;
@@ -329,6 +328,24 @@ gkStatus PlanGroupedMatmul(std::string_view api, const GroupedMatmulArgs& args,
   return GK_SUCCESS;
 }
 
+// Phase 1 of GroupedMatmulWeightGrad (accumulate false) and GroupedMatmulWeightGradAdd.
+gkStatus PlanWeightGradCall(std::string_view api, bool accumulate, const gkTensor* x,
+                            const gkTensor* grad_y, const gkTensor* group_list,
+                            gkGroupListType group_list_type, const gkTensor* expanded_row_idx,
+                            gkRowIdxType row_idx_type, int64_t top_k, gkTensor* grad_weight,
+                            uint64_t* workspace_size, gkOpExecutor** executor) {
+  return GuardCApi(api, [&] {
+    if (executor != nullptr) *executor = nullptr;
+    GK_RETURN_IF_ERROR(CheckNotNull(api, workspace_size, "workspaceSize"));
+    GK_RETURN_IF_ERROR(CheckNotNull(api, executor, "executor"));
+    const GroupedMatmulArgs args{GroupedMatmulOp::kWeightGrad, x, nullptr, grad_y, group_list,
+                                 EnumBits(group_list_type), false, expanded_row_idx,
+                                 EnumBits(row_idx_type), top_k, grad_weight, accumulate};
+    return PlanGroupedMatmul<GroupedMatmulWeightGradExecutor>(api, args, workspace_size,
+                                                              executor);
+  });
+}
+
 }  // namespace
 }  // namespace gk
 
@@ -362,35 +379,18 @@ extern "C" gkStatus gkGroupedMatmulWeightGradGetWorkspaceSize(
     const gkTensor* x, const gkTensor* gradY, const gkTensor* groupList,
     gkGroupListType groupListType, const gkTensor* expandedRowIdx, gkRowIdxType rowIdxType,
     int64_t topK, gkTensor* gradWeight, uint64_t* workspaceSize, gkOpExecutor** executor) {
-  using namespace gk;
-  return GuardCApi(kWeightGrad1, [&] {
-    if (executor != nullptr) *executor = nullptr;
-    GK_RETURN_IF_ERROR(CheckNotNull(kWeightGrad1, workspaceSize, "workspaceSize"));
-    GK_RETURN_IF_ERROR(CheckNotNull(kWeightGrad1, executor, "executor"));
-    const GroupedMatmulArgs args{GroupedMatmulOp::kWeightGrad, x, nullptr, gradY, groupList,
-                                 EnumBits(groupListType), false, expandedRowIdx,
-                                 EnumBits(rowIdxType), topK, gradWeight};
-    return PlanGroupedMatmul<GroupedMatmulWeightGradExecutor>(kWeightGrad1, args, workspaceSize,
-                                                              executor);
-  });
+  return gk::PlanWeightGradCall(gk::kWeightGrad1, /*accumulate=*/false, x, gradY, groupList,
+                                groupListType, expandedRowIdx, rowIdxType, topK, gradWeight,
+                                workspaceSize, executor);
 }
 
 extern "C" gkStatus gkGroupedMatmulWeightGradAddGetWorkspaceSize(
     const gkTensor* x, const gkTensor* gradY, const gkTensor* groupList,
     gkGroupListType groupListType, const gkTensor* expandedRowIdx, gkRowIdxType rowIdxType,
     int64_t topK, gkTensor* gradWeightRef, uint64_t* workspaceSize, gkOpExecutor** executor) {
-  using namespace gk;
-  return GuardCApi(kWeightGradAdd1, [&] {
-    if (executor != nullptr) *executor = nullptr;
-    GK_RETURN_IF_ERROR(CheckNotNull(kWeightGradAdd1, workspaceSize, "workspaceSize"));
-    GK_RETURN_IF_ERROR(CheckNotNull(kWeightGradAdd1, executor, "executor"));
-    const GroupedMatmulArgs args{GroupedMatmulOp::kWeightGrad, x, nullptr, gradY, groupList,
-                                 EnumBits(groupListType), false, expandedRowIdx,
-                                 EnumBits(rowIdxType), topK, gradWeightRef,
-                                 /*accumulate=*/true};
-    return PlanGroupedMatmul<GroupedMatmulWeightGradExecutor>(kWeightGradAdd1, args,
-                                                              workspaceSize, executor);
-  });
+  return gk::PlanWeightGradCall(gk::kWeightGradAdd1, /*accumulate=*/true, x, gradY, groupList,
+                                groupListType, expandedRowIdx, rowIdxType, topK, gradWeightRef,
+                                workspaceSize, executor);
 }
 
 extern "C" gkStatus gkGroupedMatmulWeightGrad(void* workspace, uint64_t workspaceSize,

@@ -16,47 +16,39 @@ namespace gk {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-template <class Storage>
+// dst[j] = src[j] (kAdd: dst[j] as float32 + src[j], one float32 addition), rounded once.
+template <class Storage, bool kAdd>
 void StoreRow(const float* src, void* dst_bytes, int64_t n, DType dtype) {
   using Lane = typename Storage::Lane;
   auto* dst = static_cast<Lane*>(dst_bytes);
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   int64_t j = 0;
-  for (; j + lanes <= n; j += lanes) StoreFromF32<Storage>(df, hn::LoadU(df, src + j), dst + j);
-  for (; j < n; ++j) ::gk::StoreFromF32(dst_bytes, j, dtype, src[j]);
+  for (; j + lanes <= n; j += lanes) {
+    auto v = hn::LoadU(df, src + j);
+    if constexpr (kAdd) v = hn::Add(LoadAsF32<Storage>(df, dst + j), v);
+    StoreFromF32<Storage>(df, v, dst + j);
+  }
+  for (; j < n; ++j) {
+    float v = src[j];
+    if constexpr (kAdd) v = ::gk::LoadAsF32(dst_bytes, j, dtype) + v;
+    ::gk::StoreFromF32(dst_bytes, j, dtype, v);
+  }
 }
 
 HWY_NOINLINE void StoreRowAs(const float* src, void* dst, DType dtype, int64_t n) {
   switch (dtype) {
-    case DType::kF16: StoreRow<F16Storage>(src, dst, n, dtype); break;
-    case DType::kBF16: StoreRow<Bf16Storage>(src, dst, n, dtype); break;
+    case DType::kF16: StoreRow<F16Storage, false>(src, dst, n, dtype); break;
+    case DType::kBF16: StoreRow<Bf16Storage, false>(src, dst, n, dtype); break;
     default: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); break;
-  }
-}
-
-// dst[j] = round(dst[j] as float32 + src[j]): one float32 add, one rounding.
-template <class Storage>
-void AddRow(const float* src, void* dst_bytes, int64_t n, DType dtype) {
-  using Lane = typename Storage::Lane;
-  auto* dst = static_cast<Lane*>(dst_bytes);
-  const hn::ScalableTag<float> df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  int64_t j = 0;
-  for (; j + lanes <= n; j += lanes) {
-    const auto sum = hn::Add(LoadAsF32<Storage>(df, dst + j), hn::LoadU(df, src + j));
-    StoreFromF32<Storage>(df, sum, dst + j);
-  }
-  for (; j < n; ++j) {
-    ::gk::StoreFromF32(dst_bytes, j, dtype, ::gk::LoadAsF32(dst_bytes, j, dtype) + src[j]);
   }
 }
 
 HWY_NOINLINE void AddRowAs(const float* src, void* dst, DType dtype, int64_t n) {
   switch (dtype) {
-    case DType::kF16: AddRow<F16Storage>(src, dst, n, dtype); break;
-    case DType::kBF16: AddRow<Bf16Storage>(src, dst, n, dtype); break;
-    default: AddRow<F32Storage>(src, dst, n, dtype); break;
+    case DType::kF16: StoreRow<F16Storage, true>(src, dst, n, dtype); break;
+    case DType::kBF16: StoreRow<Bf16Storage, true>(src, dst, n, dtype); break;
+    default: StoreRow<F32Storage, true>(src, dst, n, dtype); break;
   }
 }
 
