@@ -107,12 +107,6 @@ const void* ElementAt(const gkTensor& t, int64_t index) {
   return static_cast<const char*>(t.data) + offset * ElementBytes(t.dtype);
 }
 
-char* TensorBase(const gkTensor& t) {
-  const auto elems = NumElements(t);
-  if (!elems || *elems == 0) return static_cast<char*>(t.data);
-  return static_cast<char*>(t.data) + t.offset * ElementBytes(t.dtype);
-}
-
 StridedCursor::StridedCursor(const gkTensor& t, int64_t start_index) : t_(t), offset_(t.offset) {
   for (int d = t.ndims - 1; d >= 0; --d) {
     index_[d] = start_index % t.dims[d];

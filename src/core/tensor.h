@@ -48,8 +48,14 @@ const void* ElementAt(const gkTensor& t, int64_t index);
 // The address of t's element at its offset (data + offset elements), where its first logical
 // element lives. A tensor without elements, whose offset no check bounds (any value is valid
 // there), gives its data pointer: nothing is ever read through it, and the product
-// offset * element size, which may overflow, is not formed.
-char* TensorBase(const gkTensor& t);
+// offset * element size, which may overflow, is not formed. (Inline: executors call it per row.
+// A tensor with elements passed CheckAddressable, so its product fits.)
+inline char* TensorBase(const gkTensor& t) {
+  for (int d = 0; d < t.ndims; ++d) {
+    if (t.dims[d] == 0) return static_cast<char*>(t.data);
+  }
+  return static_cast<char*>(t.data) + t.offset * ElementBytes(t.dtype);
+}
 
 // Walks a view in logical C order from a starting linear index, yielding element offsets.
 class StridedCursor {

@@ -150,14 +150,16 @@ void RunGroupedMatmulCommand(const GroupedMatmulOptions& o) {
                                  fmt::join(out_shape, ", ")));
     }
   }
-  std::vector<uint8_t> out(static_cast<size_t>(out_elems * ElementBytes(out_dtype)));
   const bool add = o.weight_grad && !o.add_to_path.empty();
+  std::vector<uint8_t> out;
   if (add) {  // the gradient added into, in the output dtype, with its own shape (checked there)
     NpyArray add_npy = ReadNpy(o.add_to_path);
-    NpyFloatDType(add_npy, "--add-to");
+    NpyFloatDType(add_npy, "--add-to");  // refuses a file that is not float
     out = TakeAsDType(add_npy, out_dtype, "--add-to");
     out_shape = add_npy.shape;
     out_elems = add_npy.elems();
+  } else {
+    out.resize(static_cast<size_t>(out_elems * ElementBytes(out_dtype)));
   }
 
   TensorHandle x_t = MakeTensor(x_npy.shape, dtype, const_cast<uint8_t*>(x.data()));

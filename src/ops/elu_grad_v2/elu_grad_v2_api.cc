@@ -47,7 +47,6 @@ class EluGradV2Executor final : public gkOpExecutor {
   }
 
  private:
-
   void RunContiguousShare(int64_t begin, int64_t elems) const {
     const int64_t in_bytes = ElementBytes(plan_.input_dtype);
     const int64_t out_bytes = ElementBytes(plan_.output_dtype);

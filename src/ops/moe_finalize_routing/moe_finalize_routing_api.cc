@@ -21,7 +21,6 @@ constexpr std::string_view kForward2 = "gkMoeFinalizeRouting";
 constexpr std::string_view kBackward1 = "gkMoeFinalizeRoutingGradGetWorkspaceSize";
 constexpr std::string_view kBackward2 = "gkMoeFinalizeRoutingGrad";
 
-
 // Both ops: the tensors, the plan, the table and the per-thread rows; Token() is the op.
 class MoeFinalizeExecutor final : public gkOpExecutor {
  public:

@@ -20,7 +20,6 @@ namespace {
 constexpr std::string_view kPhase1 = "gkMoeInitRoutingGetWorkspaceSize";
 constexpr std::string_view kPhase2 = "gkMoeInitRouting";
 
-
 void StoreIndex(const gkTensor& t, int64_t i, int64_t value) {
   if (t.dtype == DType::kI32) {
     reinterpret_cast<int32_t*>(TensorBase(t))[i] = static_cast<int32_t>(value);

@@ -71,7 +71,6 @@ class MoeGradExecutor final : public gkOpExecutor {
   }
 
  private:
-
   // Everything one thread owns in the workspace.
   struct ThreadSlots {
     float* ring;
