@@ -172,11 +172,11 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape) {
   g.widths = {t.base_n};
   if (t.last_block_cols != t.base_n) g.widths.push_back(t.last_block_cols);
   g.lda = t.base_k;
-  // float32 B packed once per (block, expert) or k-block measured faster than oneDNN's packing
-  // on every call in 5 of 6 interleaved comparisons (-3% to +62%); bfloat16's reorder into the
-  // VNNI layout (jit:uni) costs what it saves (docs/benchmarks.md), so bfloat16 keeps the
-  // per-call packing of brgemm's own copy kernel.
-  g.prepared_b = t.gemm_dtype == DType::kF32;
+  // B packed once per (block, expert) or k-block, by gradkit's packer into oneDNN's layout
+  // (bfloat16 only then: the library's own reorder costs more than it saves, see
+  // MoeTileGemm::Create), measured faster than oneDNN's packing on every call
+  // (docs/benchmarks.md).
+  g.prepared_b = true;
   g.steps = {{t.base_k, false}};
   if (t.k_blocks > 1) {
     if (t.k_blocks > 2 || t.last_k == t.base_k) g.steps.push_back({t.base_k, true});

@@ -115,5 +115,55 @@ TEST_F(grouped_matmul_kernels, StoreRowRoundsOnceToNearestEven) {
   });
 }
 
+// MoePackB (B packed once into oneDNN's blocked layout) against the layout's formula, element by
+// element, padding included: both dtypes' words (float32, bfloat16 pairs), B given as columns'
+// rows or as its transpose's rows, blocks visited k first (BA) and n first (AB), and sizes that
+// end inside a block, inside a pair and inside a gathered vector of 8 columns.
+TEST_F(grouped_matmul_kernels, PackBWritesTheBlockedLayout) {
+  Run([] {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const int64_t elem = ElementBytes(dtype), pair = 4 / elem;
+      for (int64_t n_block : {16, 64}) {
+        for (bool k_outer_inner : {true, false}) {
+          for (int64_t width : {1, 7, 8, 9, 16, 64, 70}) {
+            for (int64_t reduce : {1, 2, 3, 31, 32, 33, 65}) {
+              for (bool kn : {false, true}) {
+                MoeBlockedB layout{};
+                layout.pair = pair;
+                layout.k_block = 16 * pair;
+                layout.n_block = n_block;
+                layout.padded_reduce = (reduce + layout.k_block - 1) / layout.k_block * layout.k_block;
+                layout.padded_width = (width + n_block - 1) / n_block * n_block;
+                const int64_t block = layout.k_block * n_block;
+                layout.k_stride = k_outer_inner ? block : layout.padded_width / n_block * block;
+                layout.n_stride = k_outer_inner ? layout.padded_reduce / layout.k_block * block : block;
+                const int64_t ldb = (kn ? width : reduce) + 3;
+                const auto b = RandomValues((kn ? reduce : width) * ldb, dtype,
+                                            static_cast<uint32_t>(width * 97 + reduce * 5 + kn));
+                std::vector<uint8_t> got(static_cast<size_t>(layout.Elements() * elem), 0xAB);
+                MoePackB(dtype, layout, width, reduce, b.data(), ldb, kn, got.data());
+                for (int64_t k = 0; k < layout.padded_reduce; ++k) {
+                  for (int64_t n = 0; n < layout.padded_width; ++n) {
+                    const int64_t at = k / layout.k_block * layout.k_stride + n / n_block * layout.n_stride +
+                                       k % layout.k_block / pair * n_block * pair + n % n_block * pair + k % pair;
+                    std::vector<uint8_t> want(static_cast<size_t>(elem), 0);
+                    if (k < reduce && n < width) {
+                      std::memcpy(want.data(), b.data() + (kn ? k * ldb + n : n * ldb + k) * elem, want.size());
+                    }
+                    ASSERT_EQ(std::memcmp(got.data() + at * elem, want.data(), want.size()), 0)
+                        << DTypeName(dtype) << " n_block " << n_block << (k_outer_inner ? " BA" : " AB")
+                        << " width " << width << " reduce " << reduce << (kn ? " kn" : "") << " at k "
+                        << k << ", n " << n;
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 }  // namespace gk

@@ -2,9 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/executor.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_plan.h"
 
 namespace gk {
@@ -221,6 +224,42 @@ TEST(moe_grad_plan, LoadBalanceOfTheStaticSchedule) {
   EXPECT_DOUBLE_EQ(MoeGradLoadBalance(224, 128), 2.0 / 1.75);
   EXPECT_DOUBLE_EQ(MoeGradLoadBalance(3, 2), 2.0 / 1.5);
   EXPECT_DOUBLE_EQ(MoeGradLoadBalance(64, 128), 2.0);  // half the threads idle
+}
+
+// On oneDNN 2.x B is packed once per block by gradkit's packer (MoePackB), which phase 1 checks
+// byte for byte against oneDNN's own reorder into the same layout; a mismatch falls back to
+// the reorder (float32) or to per-call packing (bfloat16) and shows in the implementation
+// string. Widths and reductions of the presets and odd ones, B's rows and B^T's rows. (A
+// narrower last column block runs on oneDNN 2.6's gemm:jit, whose B is plain: not covered.)
+TEST(moe_grad_plan, BPackedOnceByGradkitsPackerOnOneDnn2) {
+  if (MoeGemmLibraryName().rfind("oneDNN 2.", 0) != 0) {
+    GTEST_SKIP() << MoeGemmLibraryName() << ": B is packed once on oneDNN 2.x only";
+  }
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const auto& [widths, reduce, ldb] : std::vector<std::tuple<std::vector<int64_t>, int64_t, int64_t>>{
+             {{128}, 1408, 1408}, {{64}, 2048, 2048}, {{64}, 200, 203}, {{48}, 33, 33}}) {
+      MoeTileGemmShape shape{};
+      shape.gemm_dtype = dtype;
+      shape.max_rows = 64;
+      shape.row_granule = 16;
+      shape.ldc = widths.front();
+      shape.ldb = ldb;
+      shape.lda = reduce;
+      shape.widths = widths;
+      shape.steps = {{reduce, false}};
+      shape.prepared_b = true;
+      shape.ldb_kn = widths.front() + 5;
+      const auto gemm = MoeTileGemm::Create(shape);
+      for (int64_t width : widths) {
+        SCOPED_TRACE(testing::Message() << DTypeName(dtype) << " width " << width << " reduce " << reduce);
+        EXPECT_EQ(gemm->name(), "onednn");
+        EXPECT_TRUE(gemm->packs_b());
+        EXPECT_TRUE(gemm->prepares_b_from_kn());
+        EXPECT_NE(gemm->impl(width).find("B packed once per block by gradkit"), std::string::npos)
+            << gemm->impl(width);
+      }
+    }
+  }
 }
 
 TEST(moe_grad_plan, JsonNamesEveryField) {

@@ -148,6 +148,43 @@ dnnl::matmul::primitive_desc MatmulDesc(DType dtype, int64_t rows, int64_t reduc
 // keeps oneDNN's packing on every call (tested on both by the fresh-machine runs).
 constexpr bool kPackBOnce = DNNL_VERSION_MAJOR == 2;
 
+// The blocked layout a packed B descriptor asks for, when it is one MoePackB writes: two
+// dimensions [reduce, width], blocks (16 x pair) x n_block with `pair` reduction elements per
+// 32-bit word (oneDNN 2.x's BA16a64b2a for bfloat16, BA16a64b for float32, and their narrower
+// n blocks). Anything else: none, and oneDNN's reorder packs.
+std::optional<MoeBlockedB> OwnPackLayout(const dnnl::memory::desc& packed, DType dtype) {
+#if DNNL_VERSION_MAJOR == 2
+  const dnnl_memory_desc_t& d = packed.data;
+  if (d.ndims != 2 || d.format_kind != dnnl_blocked || d.offset0 != 0 || d.padded_offsets[0] != 0 ||
+      d.padded_offsets[1] != 0) {
+    return std::nullopt;
+  }
+  const dnnl_blocking_desc_t& b = d.format_desc.blocking;
+  const bool paired = b.inner_nblks == 3 && b.inner_idxs[0] == 0 && b.inner_idxs[1] == 1 &&
+                      b.inner_idxs[2] == 0;
+  const bool single = b.inner_nblks == 2 && b.inner_idxs[0] == 0 && b.inner_idxs[1] == 1;
+  if (!paired && !single) return std::nullopt;
+  MoeBlockedB layout{};
+  layout.pair = paired ? b.inner_blks[2] : 1;
+  layout.k_block = b.inner_blks[0] * layout.pair;
+  layout.n_block = b.inner_blks[1];
+  layout.k_stride = b.strides[0];
+  layout.n_stride = b.strides[1];
+  layout.padded_reduce = d.padded_dims[0];
+  layout.padded_width = d.padded_dims[1];
+  if (ElementBytes(dtype) * layout.pair != 4 || layout.padded_reduce % layout.k_block != 0 ||
+      layout.padded_width % layout.n_block != 0 || layout.k_stride % layout.pair != 0 ||
+      layout.n_stride % layout.pair != 0 ||
+      static_cast<uint64_t>(layout.Elements() * ElementBytes(dtype)) > packed.get_size()) {
+    return std::nullopt;
+  }
+  return layout;
+#else
+  (void)packed, (void)dtype;
+  return std::nullopt;
+#endif
+}
+
 class OneDnnTileGemm final : public MoeTileGemm {
  public:
   explicit OneDnnTileGemm(const MoeTileGemmShape& shape) : shape_(shape) {
@@ -158,8 +195,12 @@ class OneDnnTileGemm final : public MoeTileGemm {
       for (int64_t r = shape.row_granule; r <= shape.max_rows; r += shape.row_granule) rows_.push_back(r);
     }
     // Packed B needs one layout per (width, reduce) whatever the row count; where the library
-    // picks different ones, B is read in place instead.
-    if (!(shape.prepared_b && kPackBOnce && MakeEntries(/*packed_b=*/true))) {
+    // picks different ones, B is read in place instead. bfloat16 also needs gradkit's packer for
+    // every pack: oneDNN 2.6's reorder into the VNNI layout costs more than it saves, where
+    // brgemm's own per-call copy is specialised (docs/benchmarks.md). A property of the shape
+    // and the library, never of the thread count.
+    if (!(shape.prepared_b && kPackBOnce && MakeEntries(/*packed_b=*/true) &&
+          (shape.gemm_dtype != DType::kBF16 || PacksOwn()))) {
       MakeEntries(/*packed_b=*/false);
     }
     for (const Entry& e : entries_) {
@@ -168,7 +209,9 @@ class OneDnnTileGemm final : public MoeTileGemm {
       if (impl.find(name) == std::string::npos) impl += impl.empty() ? name : "+" + name;
     }
     if (packed_b_) {
-      for (auto& [width, impl] : impls_) impl += ", B packed once per block";
+      for (auto& [width, impl] : impls_) {
+        impl += PacksOwn(width) ? ", B packed once per block by gradkit" : ", B packed once per block";
+      }
     }
     WarmUp();
   }
@@ -238,6 +281,12 @@ class OneDnnTileGemm final : public MoeTileGemm {
       } else {
         bound->src.set_data_handle(const_cast<void*>(b));
       }
+      const std::optional<MoeBlockedB>& own = kn ? pack.own_kn : pack.own;
+      if (own) {
+        MoePackB(gemm_.shape_.gemm_dtype, *own, width, reduce, b,
+                 kn ? gemm_.shape_.ldb_kn : gemm_.shape_.LdbOf(reduce), kn, packed_b_);
+        return packed_b_;
+      }
       (kn ? pack.reorder_kn : pack.reorder).execute(ThreadStream(), bound->src, bound->dst);
       return packed_b_;
     }
@@ -274,6 +323,10 @@ class OneDnnTileGemm final : public MoeTileGemm {
     dnnl::memory::desc src_kn;
     dnnl::reorder reorder_kn;
     std::string impl, impl_kn;  // the reorders' implementations (WarmUp runs one of each)
+    // gradkit's packer writes the same bytes as the reorder (checked in phase 1, OwnPackAgrees);
+    // oneDNN 2.6's reorders into these layouts are generic (jit:uni) and slow: a 2048 x 64
+    // bfloat16 block took 0.17 ms, 3.7 times the tile GEMM that reads it.
+    std::optional<MoeBlockedB> own, own_kn;
   };
 
   // Every matmul the shape needs, in Index order. With packed_b, false (and nothing kept) when
@@ -316,6 +369,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
     if (pd.scratchpad_desc().get_size() != 0) return false;
     p.reorder = dnnl::reorder(pd);
     p.impl = pd.impl_info_str();
+    p.own = OwnPackAgrees(p, /*kn=*/false);
     if (packs_from_kn_) {
       // A reorder from B^T's rows that wants a scratchpad of its own: the caller transposes
       // B instead (prepares_b_from_kn() false), B is still packed once.
@@ -324,6 +378,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
       if (kn_pd.scratchpad_desc().get_size() == 0) {
         p.reorder_kn = dnnl::reorder(kn_pd);
         p.impl_kn = kn_pd.impl_info_str();
+        p.own_kn = OwnPackAgrees(p, /*kn=*/true);
       } else {
         packs_from_kn_ = false;
       }
@@ -331,6 +386,37 @@ class OneDnnTileGemm final : public MoeTileGemm {
     packed_b_bytes_ = std::max<uint64_t>(packed_b_bytes_, (packed.get_size() + 63) / 64 * 64);
     packs_.push_back(std::move(p));
     return true;
+  }
+
+  // Whether gradkit's packer packs every B (of `width` columns, or all of them).
+  bool PacksOwn(std::optional<int64_t> width = std::nullopt) const {
+    return std::all_of(packs_.begin(), packs_.end(), [&](const Pack& p) {
+      return (width && p.width != *width) ||
+             (p.own.has_value() && (!packs_from_kn_ || p.own_kn.has_value()));
+    });
+  }
+
+  // The own packer's layout for p's B (or its transpose's rows), if it writes exactly the
+  // bytes oneDNN's reorder writes: both pack the same B of distinct values into buffers of the
+  // same prior contents, and every byte of the packed descriptor is compared.
+  std::optional<MoeBlockedB> OwnPackAgrees(const Pack& p, bool kn) const {
+    const std::optional<MoeBlockedB> layout = OwnPackLayout(p.dst, shape_.gemm_dtype);
+    if (!layout) return std::nullopt;
+    const dnnl::memory::desc& src_desc = kn ? p.src_kn : p.src;
+    const int64_t ldb = kn ? shape_.ldb_kn : shape_.LdbOf(p.reduce);
+    const size_t src_bytes = src_desc.get_size(), dst_bytes = p.dst.get_size();
+    std::vector<uint16_t> src((src_bytes + 1) / 2);
+    for (size_t i = 0; i < src.size(); ++i) {
+      // Finite in both dtypes (exponent field never all ones), every element distinct enough.
+      src[i] = static_cast<uint16_t>((i * 40503u) & 0x3fffu);
+    }
+    std::vector<uint8_t> by_library(dst_bytes, 0xA5), by_own(dst_bytes, 0xA5);
+    dnnl::memory src_mem(src_desc, Engine(), src.data()), dst_mem(p.dst, Engine(), by_library.data());
+    (kn ? p.reorder_kn : p.reorder).execute(ThreadStream(), src_mem, dst_mem);
+    ThreadStream().wait();
+    MoePackB(shape_.gemm_dtype, *layout, p.width, p.reduce, src.data(), ldb, kn, by_own.data());
+    if (by_own != by_library) return std::nullopt;
+    return layout;
   }
 
   size_t PackIndex(int64_t width, int64_t reduce) const {

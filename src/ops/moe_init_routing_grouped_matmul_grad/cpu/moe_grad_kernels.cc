@@ -3,9 +3,13 @@
 #define HWY_TARGET_INCLUDE "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_kernels.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstring>
+#include <stdexcept>
 
 #include "core/cpu/convert-inl.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_kernels.h"
@@ -32,6 +36,63 @@ HWY_NOINLINE void AddRowF32(float* dst, const float* src, int64_t n) {
     hn::StoreU(hn::Add(hn::LoadU(df, dst + j), hn::LoadU(df, src + j)), df, dst + j);
   }
   for (; j < n; ++j) dst[j] += src[j];
+}
+
+// One column panel (n_block columns) of a blocked B (see MoeBlockedB), the part inside B: for
+// word w < words and n < cols, the word of `pair` elements from reduction index w * pair of
+// column n goes to dst[(w / block_words) * k_stride + (w % block_words) * n_block + n] (in
+// words). Plain B (b[n * ldb + k]): gathers across 8 columns' rows, each row read from start to
+// end before the next 8, so the hardware streams 8 rows and the lines stay in L1 even when the
+// row stride is a multiple of 4 KiB. kn (b[k * ldb + n]): rows k (and k + 1) read along n.
+constexpr int64_t kPrefetchBytes = 512;
+HWY_NOINLINE void PackBPanel(const uint8_t* b, int64_t row_bytes, bool kn, int64_t pair,
+                             int64_t cols, int64_t words, uint32_t* dst, int64_t n_block,
+                             int64_t block_words, int64_t k_stride) {
+  const auto out = [&](int64_t w) { return dst + (w / block_words) * k_stride + (w % block_words) * n_block; };
+  if (!kn) {
+    const hn::CappedTag<uint32_t, 8> d32;
+    const hn::RebindToSigned<decltype(d32)> di;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d32));
+    const auto offsets = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(row_bytes)));
+    int64_t n = 0;
+    for (; n + lanes <= cols; n += lanes) {
+      const uint8_t* rows = b + n * row_bytes;
+      for (int64_t w0 = 0; w0 < words; w0 += block_words) {
+        // Weights are often cold: ask for each row's bytes kPrefetchBytes ahead.
+        for (int64_t r = 0; r < lanes; ++r) hwy::Prefetch(rows + r * row_bytes + w0 * 4 + kPrefetchBytes);
+        uint32_t* target = out(w0) + n;
+        const int64_t w1 = std::min(words, w0 + block_words);
+        for (int64_t w = w0; w < w1; ++w, target += n_block) {
+          const auto* base = reinterpret_cast<const uint32_t*>(rows + w * 4);
+          hn::StoreU(hn::GatherOffset(d32, base, offsets), d32, target);
+        }
+      }
+    }
+    for (; n < cols; ++n) {
+      for (int64_t w = 0; w < words; ++w) std::memcpy(out(w) + n, b + n * row_bytes + w * 4, 4);
+    }
+    return;
+  }
+  const hn::ScalableTag<uint32_t> d32;
+  const hn::Rebind<uint16_t, decltype(d32)> d16;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d32));
+  for (int64_t w = 0; w < words; ++w) {
+    const uint8_t* row = b + w * pair * row_bytes;
+    uint32_t* target = out(w);
+    if (pair == 1) {
+      std::memcpy(target, row, static_cast<size_t>(cols) * 4);
+      continue;
+    }
+    const auto* lo = reinterpret_cast<const uint16_t*>(row);
+    const auto* hi = reinterpret_cast<const uint16_t*>(row + row_bytes);
+    int64_t n = 0;
+    for (; n + lanes <= cols; n += lanes) {
+      const auto word = hn::Or(hn::PromoteTo(d32, hn::LoadU(d16, lo + n)),
+                               hn::ShiftLeft<16>(hn::PromoteTo(d32, hn::LoadU(d16, hi + n))));
+      hn::StoreU(word, d32, target + n);
+    }
+    for (; n < cols; ++n) target[n] = uint32_t{lo[n]} | uint32_t{hi[n]} << 16;
+  }
 }
 
 // One output element at a time, four columns per pass over an A row; lanes accumulate in a
@@ -98,6 +159,7 @@ HWY_EXPORT(ConvertF16ToF32);
 HWY_EXPORT(AddRowF32);
 HWY_EXPORT(GemmTileF32);
 HWY_EXPORT(GemmTileBf16);
+HWY_EXPORT(PackBPanel);
 
 void MoeConvertF16ToF32(const uint16_t* src, float* dst, int64_t n) {
   HWY_DYNAMIC_DISPATCH(ConvertF16ToF32)(src, dst, n);
@@ -136,6 +198,52 @@ void MoeTransposeWeightBlock(DType src_dtype, const void* src, int64_t ld_src, i
   } else {
     TransposeBlock(static_cast<const float*>(src), ld_src, reduce, cols, static_cast<float*>(dst),
                    ld_dst, [](float f) { return f; });
+  }
+}
+
+int64_t MoeBlockedB::Elements() const {
+  return std::max((padded_reduce / k_block - 1) * k_stride + (padded_width / n_block - 1) * n_stride +
+                      k_block * n_block,
+                  int64_t{0});
+}
+
+void MoePackB(DType gemm_dtype, const MoeBlockedB& layout, int64_t width, int64_t reduce,
+              const void* b, int64_t ldb, bool kn, void* dst) {
+  const int64_t elem = ElementBytes(gemm_dtype);
+  const int64_t pair = layout.pair;
+  if (elem * pair != 4) throw std::logic_error("MoePackB: 32-bit words only");
+  const auto* src = static_cast<const uint8_t*>(b);
+  const int64_t row_bytes = ldb * elem;
+  // PackBBlock's gather offsets (8 rows) are 32-bit: beyond that, words are read one by one.
+  const bool gather = kn || 8 * row_bytes <= INT32_MAX;
+  const auto word_at = [&](int64_t k, int64_t n) {  // zero outside B
+    uint32_t word = 0;
+    for (int64_t p = 0; p < pair; ++p) {
+      if (k + p >= reduce || n >= width) continue;
+      const uint8_t* at = src + (kn ? (k + p) * row_bytes + n * elem : n * row_bytes + (k + p) * elem);
+      uint32_t part = 0;
+      std::memcpy(&part, at, static_cast<size_t>(elem));
+      word |= part << (16 * p);
+    }
+    return word;
+  };
+  auto* out = static_cast<uint32_t*>(dst);
+  const int64_t block_words = layout.k_block / pair;
+  // Words wholly inside B, packed fast; the rest (tails, padding) one by one.
+  const int64_t words = gather ? reduce / pair : 0;
+  for (int64_t nb = 0; nb < layout.padded_width / layout.n_block; ++nb) {
+    const int64_t n0 = nb * layout.n_block;
+    const int64_t cols = std::clamp<int64_t>(width - n0, 0, layout.n_block);
+    uint32_t* panel = out + nb * layout.n_stride / pair;
+    if (words > 0 && cols > 0) {
+      HWY_DYNAMIC_DISPATCH(PackBPanel)(src + (kn ? n0 * elem : n0 * row_bytes), row_bytes, kn, pair,
+                                       cols, words, panel, layout.n_block, block_words,
+                                       layout.k_stride / pair);
+    }
+    for (int64_t w = 0; w < layout.padded_reduce / pair; ++w) {
+      uint32_t* row = panel + (w / block_words) * (layout.k_stride / pair) + (w % block_words) * layout.n_block;
+      for (int64_t n = w < words ? cols : 0; n < layout.n_block; ++n) row[n] = word_at(w * pair, n0 + n);
+    }
   }
 }
 

@@ -22,6 +22,26 @@ void MoeAddRowF32(float* dst, const float* src, int64_t n);
 void MoeTransposeWeightBlock(DType src_dtype, const void* src, int64_t ld_src, int64_t reduce,
                              int64_t cols, void* dst, int64_t ld_dst);
 
+// A blocked layout of a GEMM's B (oneDNN's brgemm weights, e.g. BA16a64b2a for bfloat16 and
+// BA16a64b for float32), as plain data. B is logically [reduce, width]; element (k, n) sits at
+//   (k / k_block) * k_stride + (n / n_block) * n_stride
+//     + ((k % k_block) / pair) * n_block * pair + (n % n_block) * pair + k % pair
+// so each column stores `pair` consecutive reduction elements together (a 32-bit word: one
+// float32, or two bfloat16 for the VNNI dot products). Past reduce and width, up to the padded
+// extents, the layout holds zeros.
+struct MoeBlockedB {
+  int64_t k_block, n_block, pair;
+  int64_t k_stride, n_stride;  // elements
+  int64_t padded_reduce, padded_width;
+  int64_t Elements() const;    // the extent of the layout, in elements
+};
+
+// Writes B into `layout`, padding included (32-bit words: element bytes x pair must be 4). b is
+// [width, reduce] rows of stride ldb (b[n * ldb + k]), or with `kn` its transpose, [reduce,
+// width] rows of stride ldb (b[k * ldb + n]). A copy of bits: the same whatever the target.
+void MoePackB(DType gemm_dtype, const MoeBlockedB& layout, int64_t width, int64_t reduce,
+              const void* b, int64_t ldb, bool kn, void* dst);
+
 // C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda) * B[width, reduce]^T
 // (row stride ldb), A and B float32 or bfloat16 (gemm_dtype), float32 accumulation in a fixed
 // order; with `accumulate` the sum is added to C (one rounding), else it replaces C.
