@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <unordered_map>
@@ -399,11 +401,24 @@ class OneDnnTileGemm final : public MoeTileGemm {
   // The own packer's layout for p's B (or its transpose's rows), if it writes exactly the
   // bytes oneDNN's reorder writes: both pack the same B of distinct values into buffers of the
   // same prior contents, and every byte of the packed descriptor is compared.
+  // The answer is kept for the process (phase 1 runs once per call of a framework's op).
   std::optional<MoeBlockedB> OwnPackAgrees(const Pack& p, bool kn) const {
     const std::optional<MoeBlockedB> layout = OwnPackLayout(p.dst, shape_.gemm_dtype);
     if (!layout) return std::nullopt;
     const dnnl::memory::desc& src_desc = kn ? p.src_kn : p.src;
     const int64_t ldb = kn ? shape_.ldb_kn : shape_.LdbOf(p.reduce);
+    using Key = std::array<int64_t, 12>;
+    static std::mutex mutex;
+    static std::map<Key, bool> agreed;
+    const Key key{static_cast<int64_t>(shape_.gemm_dtype), p.width, p.reduce, ldb, kn,
+                  layout->k_block, layout->n_block, layout->pair, layout->k_stride,
+                  layout->n_stride, layout->padded_reduce, layout->padded_width};
+    {
+      const std::lock_guard<std::mutex> lock(mutex);
+      if (const auto it = agreed.find(key); it != agreed.end()) {
+        return it->second ? layout : std::nullopt;
+      }
+    }
     const size_t src_bytes = src_desc.get_size(), dst_bytes = p.dst.get_size();
     std::vector<uint16_t> src((src_bytes + 1) / 2);
     for (size_t i = 0; i < src.size(); ++i) {
@@ -415,8 +430,10 @@ class OneDnnTileGemm final : public MoeTileGemm {
     (kn ? p.reorder_kn : p.reorder).execute(ThreadStream(), src_mem, dst_mem);
     ThreadStream().wait();
     MoePackB(shape_.gemm_dtype, *layout, p.width, p.reduce, src.data(), ldb, kn, by_own.data());
-    if (by_own != by_library) return std::nullopt;
-    return layout;
+    const bool same = by_own == by_library;
+    const std::lock_guard<std::mutex> lock(mutex);
+    agreed.emplace(key, same);
+    return same ? layout : std::nullopt;
   }
 
   size_t PackIndex(int64_t width, int64_t reduce) const {
@@ -466,9 +483,9 @@ class OneDnnTileGemm final : public MoeTileGemm {
                            {DNNL_ARG_SCRATCHPAD, dnnl::memory(e.pd.scratchpad_desc(), engine, s.get())}});
       ThreadStream().wait();
     }
-    for (const Pack& p : packs_) {  // jit reorders too, one of each implementation
+    for (const Pack& p : packs_) {  // jit reorders too (those phase 2 runs), one of each
       for (const bool kn : {false, true}) {
-        if (kn && !packs_from_kn_) continue;
+        if ((kn && !packs_from_kn_) || (kn ? p.own_kn : p.own)) continue;
         const std::string name = (kn ? "reorder kn " : "reorder ") + (kn ? p.impl_kn : p.impl);
         if (std::find(done.begin(), done.end(), name) != done.end()) continue;
         done.push_back(name);
