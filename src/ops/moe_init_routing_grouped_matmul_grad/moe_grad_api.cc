@@ -221,7 +221,11 @@ class MoeGradExecutor final : public gkOpExecutor {
     const int64_t first_row = RowAt(ws, position);
     // Consecutive rows of gradY are read where they are, unless the reduction is cut into
     // k-blocks (the GEMM takes a dense A only, see moe_grad_gemm.h) or float16 (converted).
-    const bool in_place = s.dtype != DType::kF16 && p.k_blocks == 1 && padded_rows == rows &&
+    // A tail tile's padding rows are then gradY's next rows where gradY has them: their sums
+    // land in the ring's padding rows, which are never added into gradX, and each row of a GEMM
+    // depends on its own A row only, so the rows used get the same bits as with zero padding.
+    const bool in_place = s.dtype != DType::kF16 && p.k_blocks == 1 &&
+                          first_row + padded_rows <= s.m &&
                           RowAt(ws, position + rows - 1) - first_row == rows - 1;
     const void* a;
     if (in_place) {

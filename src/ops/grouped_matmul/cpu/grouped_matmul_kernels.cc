@@ -52,26 +52,35 @@ HWY_NOINLINE void AddRowAs(const float* src, void* dst, DType dtype, int64_t n) 
   }
 }
 
-// dst[c * ld_dst + i] = row_at(i)[c] for i < rows, c < cols: float32 in 4 x 4 blocks
+// dst[c * ld_dst + i] = row_at(i)[c] for i < rows, c < cols: float32 (and float16, converted) in 4 x 4 blocks
 // transposed in registers, 16-bit values in 8 x 8 blocks, 8 destination rows at a time (so that
 // the rows being written never crowd one cache set when ld_dst is a power of two); the edges
 // element by element.
-template <class RowAt>
+// Src: float, or uint16_t holding float16 bits (converted to float32 on the way, exactly).
+template <class Src, class RowAt>
 void TransposeF32(RowAt row_at, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
+  const auto scalar = [](Src v) {
+    if constexpr (std::is_same_v<Src, float>) return v;
+    else return F32FromF16(v);
+  };
   int64_t cols8 = 0, rows4 = 0;
 #if HWY_TARGET != HWY_SCALAR
   const hn::Full128<float> d;
+  const auto load = [&](const Src* p) {
+    if constexpr (std::is_same_v<Src, float>) return hn::LoadU(d, p);
+    else return F32FromF16Bits(d, hn::LoadU(hn::Rebind<uint16_t, decltype(d)>(), p));
+  };
   cols8 = cols / 8 * 8;
   rows4 = rows / 4 * 4;
   for (int64_t c0 = 0; c0 < cols8; c0 += 8) {
     for (int64_t i = 0; i < rows4; i += 4) {
-      const float* s0 = row_at(i) + c0;
-      const float* s1 = row_at(i + 1) + c0;
-      const float* s2 = row_at(i + 2) + c0;
-      const float* s3 = row_at(i + 3) + c0;
+      const Src* s0 = row_at(i) + c0;
+      const Src* s1 = row_at(i + 1) + c0;
+      const Src* s2 = row_at(i + 2) + c0;
+      const Src* s3 = row_at(i + 3) + c0;
       for (int64_t half = 0; half < 8; half += 4) {
-        const auto r0 = hn::LoadU(d, s0 + half), r1 = hn::LoadU(d, s1 + half);
-        const auto r2 = hn::LoadU(d, s2 + half), r3 = hn::LoadU(d, s3 + half);
+        const auto r0 = load(s0 + half), r1 = load(s1 + half);
+        const auto r2 = load(s2 + half), r3 = load(s3 + half);
         const auto t0 = hn::InterleaveLower(d, r0, r1), t1 = hn::InterleaveUpper(d, r0, r1);
         const auto t2 = hn::InterleaveLower(d, r2, r3), t3 = hn::InterleaveUpper(d, r2, r3);
         float* o = dst + (c0 + half) * ld_dst + i;
@@ -85,7 +94,7 @@ void TransposeF32(RowAt row_at, int64_t rows, int64_t cols, float* dst, int64_t 
 #endif
   for (int64_t c = 0; c < cols; ++c) {
     const int64_t first_row = c < cols8 ? rows4 : 0;  // the blocks above did the rest
-    for (int64_t i = first_row; i < rows; ++i) dst[c * ld_dst + i] = row_at(i)[c];
+    for (int64_t i = first_row; i < rows; ++i) dst[c * ld_dst + i] = scalar(row_at(i)[c]);
   }
 }
 
@@ -141,7 +150,11 @@ void Transpose16(RowAt row_at, int64_t rows, int64_t cols, uint16_t* dst, int64_
 
 HWY_NOINLINE void TransposeBlockF32(const float* src, int64_t ld_src, int64_t reduce, int64_t cols,
                                     float* dst, int64_t ld_dst) {
-  TransposeF32([&](int64_t i) { return src + i * ld_src; }, reduce, cols, dst, ld_dst);
+  TransposeF32<float>([&](int64_t i) { return src + i * ld_src; }, reduce, cols, dst, ld_dst);
+}
+HWY_NOINLINE void TransposeBlockF16(const uint16_t* src, int64_t ld_src, int64_t reduce,
+                                    int64_t cols, float* dst, int64_t ld_dst) {
+  TransposeF32<uint16_t>([&](int64_t i) { return src + i * ld_src; }, reduce, cols, dst, ld_dst);
 }
 HWY_NOINLINE void TransposeBlock16(const uint16_t* src, int64_t ld_src, int64_t reduce,
                                    int64_t cols, uint16_t* dst, int64_t ld_dst) {
@@ -149,8 +162,13 @@ HWY_NOINLINE void TransposeBlock16(const uint16_t* src, int64_t ld_src, int64_t 
 }
 HWY_NOINLINE void TransposeRowsF32(const void* const* rows_src, int64_t rows, int64_t cols,
                                    float* dst, int64_t ld_dst) {
-  TransposeF32([&](int64_t i) { return static_cast<const float*>(rows_src[i]); }, rows, cols, dst,
-               ld_dst);
+  TransposeF32<float>([&](int64_t i) { return static_cast<const float*>(rows_src[i]); }, rows, cols,
+                      dst, ld_dst);
+}
+HWY_NOINLINE void TransposeRowsF16(const void* const* rows_src, int64_t rows, int64_t cols,
+                                   float* dst, int64_t ld_dst) {
+  TransposeF32<uint16_t>([&](int64_t i) { return static_cast<const uint16_t*>(rows_src[i]); }, rows,
+                         cols, dst, ld_dst);
 }
 HWY_NOINLINE void TransposeRows16(const void* const* rows_src, int64_t rows, int64_t cols,
                                   uint16_t* dst, int64_t ld_dst) {
@@ -168,6 +186,8 @@ namespace gk {
 HWY_EXPORT(StoreRowAs);
 HWY_EXPORT(AddRowAs);
 HWY_EXPORT(TransposeBlockF32);
+HWY_EXPORT(TransposeBlockF16);
+HWY_EXPORT(TransposeRowsF16);
 HWY_EXPORT(TransposeBlock16);
 HWY_EXPORT(TransposeRowsF32);
 HWY_EXPORT(TransposeRows16);
@@ -180,27 +200,12 @@ void GroupedMatmulAddRow(const float* src, void* dst, DType dtype, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AddRowAs)(src, dst, dtype, n);
 }
 
-namespace {
-// float16 -> float32 (exact), 8 destination rows at a time.
-template <class RowAt>
-void TransposeF16ToF32(RowAt row_at, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
-  constexpr int64_t kRows = 8;
-  for (int64_t c0 = 0; c0 < cols; c0 += kRows) {
-    const int64_t c1 = std::min(cols, c0 + kRows);
-    for (int64_t i = 0; i < rows; ++i) {
-      const uint16_t* s = row_at(i);
-      for (int64_t c = c0; c < c1; ++c) dst[c * ld_dst + i] = F32FromF16(s[c]);
-    }
-  }
-}
-}  // namespace
-
 void GroupedMatmulTransposeBlock(DType src_dtype, const void* src, int64_t ld_src, int64_t reduce,
                                  int64_t cols, void* dst, int64_t ld_dst) {
   const auto* half = static_cast<const uint16_t*>(src);
   if (src_dtype == DType::kF16) {
-    TransposeF16ToF32([&](int64_t i) { return half + i * ld_src; }, reduce, cols,
-                      static_cast<float*>(dst), ld_dst);
+    HWY_DYNAMIC_DISPATCH(TransposeBlockF16)(half, ld_src, reduce, cols, static_cast<float*>(dst),
+                                            ld_dst);
   } else if (src_dtype == DType::kBF16) {
     HWY_DYNAMIC_DISPATCH(TransposeBlock16)(half, ld_src, reduce, cols, static_cast<uint16_t*>(dst),
                                            ld_dst);
@@ -214,8 +219,7 @@ void GroupedMatmulTransposeRows(DType src_dtype, const void* const* rows_src, in
                                 int64_t cols, void* dst, int64_t ld_dst) {
   const int64_t elem = src_dtype == DType::kBF16 ? 2 : 4;  // of dst: float16 becomes float32
   if (src_dtype == DType::kF16) {
-    TransposeF16ToF32([&](int64_t i) { return static_cast<const uint16_t*>(rows_src[i]); }, rows,
-                      cols, static_cast<float*>(dst), ld_dst);
+    HWY_DYNAMIC_DISPATCH(TransposeRowsF16)(rows_src, rows, cols, static_cast<float*>(dst), ld_dst);
   } else if (src_dtype == DType::kBF16) {
     HWY_DYNAMIC_DISPATCH(TransposeRows16)(rows_src, rows, cols, static_cast<uint16_t*>(dst), ld_dst);
   } else {
