@@ -2,7 +2,14 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <string_view>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace gk::torch_ext {
 namespace {
@@ -23,6 +30,24 @@ gkDataType ToGradkit(std::string_view op, const at::Tensor& t, std::string_view 
 }
 
 }  // namespace
+
+at::Tensor EmptyOutput(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  at::Tensor t = at::empty(sizes, options);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  static const bool enabled = [] {
+    const char* v = std::getenv("GRADKIT_TORCH_HUGEPAGES");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const uintptr_t bytes = t.nbytes();
+  if (enabled && t.device().is_cpu() && bytes >= 2 * kHuge) {
+    const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1), last = (begin + bytes) & ~(kHuge - 1);
+    if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+  }
+#endif
+  return t;
+}
 
 void ThrowStatus(std::string_view op, gkStatus status) {
   const char* message = gkGetRecentErrMsg();

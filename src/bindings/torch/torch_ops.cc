@@ -53,7 +53,7 @@ at::Tensor MoeInitRoutingGroupedMatmulGrad(const at::Tensor& grad_y, const at::T
               "; it must be [G, K, N] (or the transposed view of a [G, N, K] buffer)");
   const at::Tensor dy = grad_y.contiguous(), w = WeightAsGradkitReads(weight);
   const at::Tensor idx = expanded_row_idx.contiguous(), groups = group_list.contiguous();
-  at::Tensor dx = at::empty({std::max<int64_t>(batch, 0), w.size(1)}, w.options().dtype(at::kFloat));
+  at::Tensor dx = EmptyOutput({std::max<int64_t>(batch, 0), w.size(1)}, w.options().dtype(at::kFloat));
   const Descriptor dy_d(op, dy, "grad_y"), w_d(op, w, "weight"),
       idx_d(op, idx, "expanded_row_idx"), g_d(op, groups, "group_list"), dx_d(op, dx, "result");
   CallTwoPhase(
@@ -92,7 +92,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> InitRouting(std::string_view op, 
   const bool gather = row_idx_type == GK_ROW_IDX_GATHER;
   // The index keeps expert_idx's integer type while it can hold every slot.
   const auto idx_type = experts.scalar_type() == at::kInt && slots <= INT32_MAX ? at::kInt : at::kLong;
-  at::Tensor ex = expand_x ? at::empty({max_rows, xs.size(1)}, xs.options())
+  at::Tensor ex = expand_x ? EmptyOutput({max_rows, xs.size(1)}, xs.options())
                            : at::Tensor();
   at::Tensor idx = at::empty({gather ? max_rows : slots}, experts.options().dtype(idx_type));
   at::Tensor groups = at::empty({std::max<int64_t>(expert_num, 0)}, experts.options().dtype(at::kLong));
@@ -172,7 +172,7 @@ at::Tensor RunGroupedMatmul(std::string_view op, const at::Tensor& x, const at::
   } else {
     const int64_t m = ExpandedRows(op, xs, groups, group_list_type, idx);
     const int64_t n = transpose_weight ? w.size(1) : w.size(2);
-    y = at::empty({m, n}, xs.options().dtype(out_dtype.value_or(xs.scalar_type())));
+    y = EmptyOutput({m, n}, xs.options().dtype(out_dtype.value_or(xs.scalar_type())));
   }
   const Descriptor x_d(op, xs, "x"), w_d(op, w, "weight"), g_d(op, groups, "group_list"),
       y_d(op, y, out != nullptr ? "out" : "result");
@@ -234,7 +234,7 @@ at::Tensor RunGroupedMatmulWeightGrad(std::string_view op, const at::Tensor& x,
     CheckOut(op, *out, accumulate ? "self" : "out");
     dw = *out;
   } else {
-    dw = at::empty({groups.size(0), xs.size(1), dy.size(1)},
+    dw = EmptyOutput({groups.size(0), xs.size(1), dy.size(1)},
                    xs.options().dtype(out_dtype.value_or(xs.scalar_type())));
   }
   const Descriptor x_d(op, xs, "x"), dy_d(op, dy, "grad_y"), g_d(op, groups, "group_list"),
@@ -295,7 +295,7 @@ at::Tensor MoeFinalizeRouting(const at::Tensor& expanded_y, const at::Tensor& pr
               expanded_y.sizes(), " and probs ", probs.sizes(), "; they must be [M, N] and [batch, topK]");
   const at::Tensor ey = expanded_y.contiguous(), p = probs.contiguous();
   const at::Tensor idx = expanded_row_idx.contiguous();
-  at::Tensor out = at::empty({p.size(0), ey.size(1)},
+  at::Tensor out = EmptyOutput({p.size(0), ey.size(1)},
                              ey.options().dtype(out_dtype.value_or(ey.scalar_type())));
   const Descriptor ey_d(op, ey, "expanded_y"), p_d(op, p, "probs"),
       idx_d(op, idx, "expanded_row_idx"), out_d(op, out, "result");
@@ -318,7 +318,7 @@ std::tuple<at::Tensor, at::Tensor> MoeFinalizeRoutingGrad(const at::Tensor& grad
   CheckEnumRange(op, row_idx_type, "row_idx_type");
   const at::Tensor dout = grad_out.contiguous(), ey = expanded_y.contiguous(),
                    p = probs.contiguous(), idx = expanded_row_idx.contiguous();
-  at::Tensor dey = at::empty_like(ey), dp = at::empty_like(p);
+  at::Tensor dey = EmptyOutput(ey.sizes(), ey.options()), dp = at::empty_like(p);
   const Descriptor dout_d(op, dout, "grad_out"), ey_d(op, ey, "expanded_y"), p_d(op, p, "probs"),
       idx_d(op, idx, "expanded_row_idx"), dey_d(op, dey, "grad_expanded_y"),
       dp_d(op, dp, "grad_probs");
