@@ -168,6 +168,9 @@ def memory_probe(kind, args, dtype):
     x = torch.randn(args.batch, args.hidden).to(dtype).requires_grad_()
     dout = torch.randn(args.batch, args.hidden).to(dtype)
     layer(x).backward(dout)  # warm-up: the gradients exist from here on
+    if args.grads == "none":  # as optimizer.zero_grad() does by default since torch 2.0
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
     base = _status_kib("VmRSS")
@@ -183,7 +186,7 @@ def measure_memory(args, dtype_name):
     result = {}
     for kind in LAYERS:
         cmd = [sys.executable, os.path.abspath(__file__), "--memory-probe", kind,
-               "--probe-dtype", dtype_name, "--threads", str(args.threads)]
+               "--probe-dtype", dtype_name, "--threads", str(args.threads), "--grads", args.grads]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if out.returncode != 0:
             raise SystemExit(f"memory probe {kind} {dtype_name} failed:\n{out.stderr}")
@@ -199,6 +202,10 @@ def main():
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--profile", action="store_true", help="print a profile of one step of each")
+    p.add_argument("--grads", choices=("kept", "none"), default="kept",
+                   help="memory: the measured step adds into the gradients of the step before "
+                        "(kept: zero_grad(set_to_none=False), torch 1.13's default) or creates "
+                        "them (none: set_to_none=True, the default since torch 2.0)")
     p.add_argument("--memory-probe", choices=LAYERS, help=argparse.SUPPRESS)
     p.add_argument("--probe-dtype", choices=tuple(DTYPES), default="fp32", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -232,7 +239,8 @@ def main():
                   f"ratio {med['torch'] / med['gradkit']:.2f}x, fused "
                   f"{med['torch'] / med['gradkit fused']:.2f}x (max rel. grad diff {err:.1e})")
     if "memory" in parts:
-        print("\n(c) peak RSS increase of one step over the RSS before it (separate processes)")
+        print(f"\n(c) peak RSS increase of one step over the RSS before it (separate processes; "
+              f"gradients {args.grads})")
         for name in dtypes:
             mem = measure_memory(args, name)
             print(f"  {name}: MoeFFN {mem['gradkit'][1]:.0f} MiB, fused "
