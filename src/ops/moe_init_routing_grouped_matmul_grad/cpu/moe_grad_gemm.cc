@@ -366,7 +366,11 @@ class OneDnnTileGemm final : public MoeTileGemm {
     for (const Pack& p : packs_) {
       if (p.width == width && p.reduce == reduce) return p.dst == packed;
     }
-    Pack p{width, reduce, PlainB(shape_.gemm_dtype, reduce, width, shape_.LdbOf(reduce)), packed};
+    Pack p;
+    p.width = width;
+    p.reduce = reduce;
+    p.src = PlainB(shape_.gemm_dtype, reduce, width, shape_.LdbOf(reduce));
+    p.dst = packed;
     const dnnl::reorder::primitive_desc pd(Engine(), p.src, Engine(), p.dst);
     if (pd.scratchpad_desc().get_size() != 0) return false;
     p.reorder = dnnl::reorder(pd);
