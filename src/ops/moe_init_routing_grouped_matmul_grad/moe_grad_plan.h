@@ -36,7 +36,7 @@ namespace gk {
 inline constexpr int64_t kMoeGradBestBaseM = 256;     // rows per GEMM tile
 inline constexpr int64_t kMoeGradBestBaseN = 256;     // widest gradX column block (the seed's n = dk)
 inline constexpr int64_t kMoeGradMinBaseN = 32;       // narrowest one the work split may choose
-inline constexpr int64_t kMoeGradRowGranule = 16;     // tail tiles are zero-padded to this
+inline constexpr int64_t kMoeGradRowGranule = 16;     // tail tiles are padded to this (gradY's next rows or zeros)
 inline constexpr int64_t kMoeGradParallNum = 2;       // ring slots per thread (the seed's CV_PARALL_NUM)
 inline constexpr int32_t kMoeGradPlannedThreads = 128;  // the largest machine a split is made for
 inline constexpr double kMoeGradMaxImbalance = 1.15;  // max over mean units per thread, wanted

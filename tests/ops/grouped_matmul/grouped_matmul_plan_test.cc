@@ -1,9 +1,12 @@
 // GroupedMatmul(WeightGrad) plans: tiles from the shape, the unit order each input form selects,
 // the workspace layout, threads, and the JSON. No kernel runs here.
 #include <algorithm>
+#include <array>
+#include <string>
 #include <gtest/gtest.h>
 
 #include "ops/grouped_matmul/grouped_matmul_plan.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 
 namespace gk {
 namespace {
@@ -24,6 +27,32 @@ GroupedMatmulShape Shape(GroupedMatmulOp op, int64_t m, int64_t k, int64_t n, in
 }
 
 GroupedMatmulMachine Machine(int32_t threads) { return {threads, 4096, "test", {}}; }
+
+// With oneDNN 2.x both ops pack each B once, through gradkit's packer (checked against oneDNN's
+// reorder in phase 1) for the main column width, in float32 and bfloat16, [G, K, N] weights
+// packed from their rows; also when K or N leaves a narrower last column block. Detects the
+// real machine: the GEMM library is asked.
+TEST(grouped_matmul_plan, BPackedOnceByGradkitsPackerOnOneDnn2) {
+  if (MoeGemmLibraryName().rfind("oneDNN 2.", 0) != 0) {
+    GTEST_SKIP() << MoeGemmLibraryName() << ": B is packed once on oneDNN 2.x only";
+  }
+  for (GroupedMatmulOp op : {GroupedMatmulOp::kForward, GroupedMatmulOp::kWeightGrad}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (const auto& [m, k, n, g] : {std::array<int64_t, 4>{8192, 2048, 1408, 8},
+                                       std::array<int64_t, 4>{700, 300, 200, 5}}) {
+        SCOPED_TRACE(testing::Message() << (op == GroupedMatmulOp::kForward ? "forward" : "weight grad")
+                                        << " " << DTypeName(dtype) << " M " << m << " K " << k << " N " << n);
+        const GroupedMatmulMachine machine = DetectGroupedMatmulMachine(Shape(op, m, k, n, g, dtype));
+        EXPECT_TRUE(machine.packs_b);
+        EXPECT_TRUE(machine.packs_b_from_kn);
+        ASSERT_FALSE(machine.gemm_impls.empty());
+        EXPECT_NE(machine.gemm_impls.front().second.find("B packed once per block by gradkit"),
+                  std::string::npos)
+            << machine.gemm_impls.front().second;
+      }
+    }
+  }
+}
 
 TEST(grouped_matmul_plan, ForwardTilesFromTheShape) {
   const auto p = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 1000, 300, 600, 8), Machine(4));

@@ -198,11 +198,12 @@ class OneDnnTileGemm final : public MoeTileGemm {
     }
     // Packed B needs one layout per (width, reduce) whatever the row count; where the library
     // picks different ones, B is read in place instead. bfloat16 also needs gradkit's packer for
-    // every pack: oneDNN 2.6's reorder into the VNNI layout costs more than it saves, where
-    // brgemm's own per-call copy is specialised (docs/benchmarks.md). A property of the shape
-    // and the library, never of the thread count.
+    // the main width's packs: oneDNN 2.6's reorder into the VNNI layout costs more than it
+    // saves, where brgemm's own per-call copy is specialised (docs/benchmarks.md); a narrower
+    // last column block (often gemm:jit, with a plain B) may use the reorder. A property of the
+    // shape and the library, never of the thread count.
     if (!(shape.prepared_b && kPackBOnce && MakeEntries(/*packed_b=*/true) &&
-          (shape.gemm_dtype != DType::kBF16 || PacksOwn()))) {
+          (shape.gemm_dtype != DType::kBF16 || PacksOwn(shape.widths.front())))) {
       MakeEntries(/*packed_b=*/false);
     }
     for (const Entry& e : entries_) {
@@ -412,8 +413,9 @@ class OneDnnTileGemm final : public MoeTileGemm {
     const dnnl::memory::desc& src_desc = kn ? p.src_kn : p.src;
     const int64_t ldb = kn ? shape_.ldb_kn : shape_.LdbOf(p.reduce);
     using Key = std::array<int64_t, 12>;
-    static std::mutex mutex;
-    static std::map<Key, bool> agreed;
+    // Never destroyed: a thread may still plan while the process exits.
+    static std::mutex& mutex = *new std::mutex;
+    static std::map<Key, bool>& agreed = *new std::map<Key, bool>;
     const Key key{static_cast<int64_t>(shape_.gemm_dtype), p.width, p.reduce, ldb, kn,
                   layout->k_block, layout->n_block, layout->pair, layout->k_stride,
                   layout->n_stride, layout->padded_reduce, layout->padded_width};
@@ -426,8 +428,10 @@ class OneDnnTileGemm final : public MoeTileGemm {
     const size_t src_bytes = src_desc.get_size(), dst_bytes = p.dst.get_size();
     std::vector<uint16_t> src((src_bytes + 1) / 2);
     for (size_t i = 0; i < src.size(); ++i) {
-      // Finite in both dtypes (exponent field never all ones), every element distinct enough.
-      src[i] = static_cast<uint16_t>((i * 40503u) & 0x3fffu);
+      // Finite in both dtypes (exponent field never all ones), and with no period: a block put
+      // in another block's place cannot match by accident, whatever the strides.
+      const uint64_t h = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull;
+      src[i] = static_cast<uint16_t>((h >> 40) & 0x3fffu);
     }
     std::vector<uint8_t> by_library(dst_bytes, 0xA5), by_own(dst_bytes, 0xA5);
     dnnl::memory src_mem(src_desc, Engine(), src.data()), dst_mem(p.dst, Engine(), by_library.data());

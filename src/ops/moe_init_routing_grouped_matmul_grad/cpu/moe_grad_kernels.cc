@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 
@@ -214,7 +215,7 @@ void MoePackB(DType gemm_dtype, const MoeBlockedB& layout, int64_t width, int64_
   if (elem * pair != 4) throw std::logic_error("MoePackB: 32-bit words only");
   const auto* src = static_cast<const uint8_t*>(b);
   const int64_t row_bytes = ldb * elem;
-  // PackBBlock's gather offsets (8 rows) are 32-bit: beyond that, words are read one by one.
+  // PackBPanel's gather offsets (up to 8 rows) are 32-bit: beyond that, words are read one by one.
   const bool gather = kn || 8 * row_bytes <= INT32_MAX;
   const auto word_at = [&](int64_t k, int64_t n) {  // zero outside B
     uint32_t word = 0;
