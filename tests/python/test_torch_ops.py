@@ -1,5 +1,10 @@
 """torch.ops.gradkit.*: each operator against plain PyTorch (aten.elu_backward, per-expert mm,
 index_add_) and float64 references, over dtypes, routings and conventions; errors; determinism."""
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -306,3 +311,54 @@ def test_errors_carry_gradkits_message(gkt):
 def test_version_and_isa(gkt):
     assert gkt.version().count(".") == 2
     assert gkt.ops.cpu_isa()
+
+
+_THP_PROBE = """
+import torch, gradkit.torch as gkt
+x = torch.randn(64, 1024)
+dy = torch.randn(64, 2048)
+dw = gkt.ops.grouped_matmul_weight_grad(x, dy, torch.tensor([64]), out_dtype=torch.float32)
+huge = 1 << 21
+inside = (dw.data_ptr() + huge - 1) // huge * huge  # the first 2 MiB boundary inside dw
+with open("/proc/self/smaps") as f:
+    lines = f.read().splitlines()
+eligible = None
+for i, line in enumerate(lines):
+    head = line.split()[0]
+    if "-" in head and all(c in "0123456789abcdef-" for c in head):
+        begin, end = (int(v, 16) for v in head.split("-"))
+        if begin <= inside < end:
+            eligible = next(l.split()[1] for l in lines[i + 1:] if l.startswith("THPeligible:"))
+            break
+print(eligible)
+"""
+
+
+def _thp_mode():
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return None
+    return text[text.index("[") + 1:text.index("]")]
+
+
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_large_outputs_are_advised_for_huge_pages(gkt, setting):
+    """An 8 MiB output's pages are eligible for transparent huge pages (madvise); with
+    GRADKIT_TORCH_HUGEPAGES=0 they are not, where the kernel's mode is madvise."""
+    mode = _thp_mode()
+    if mode not in ("madvise", "always"):
+        pytest.skip(f"transparent huge pages: {mode}")
+    if setting == "0" and mode == "always":
+        pytest.skip("THP always on: the setting cannot show")
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[2] / "python"))
+    env.pop("GRADKIT_TORCH_HUGEPAGES", None)
+    if setting is not None:
+        env["GRADKIT_TORCH_HUGEPAGES"] = setting
+    result = subprocess.run([sys.executable, "-c", _THP_PROBE], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    eligible = result.stdout.strip()
+    if eligible == "None":
+        pytest.skip("this kernel's smaps has no THPeligible field")
+    assert eligible == ("0" if setting == "0" else "1")
