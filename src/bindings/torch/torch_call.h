@@ -68,7 +68,7 @@ void CallTwoPhase(std::string_view op, Plan&& plan, Run&& run) {
 // transparent huge pages (madvise MADV_HUGEPAGE on its 2 MiB-aligned interior, as PyTorch 2.x's
 // THP_MEM_ALLOC_ENABLE does for all of its allocations): glibc maps blocks of 32 MiB and more
 // afresh on every allocation, and a training step would otherwise fault them in 4 KiB at a time
-// (33.5 MiB: 88 ms against 8 ms on the development VM, docs/torch.md). Advice only: where the
+// (32 MiB: 88 ms against 8 ms on the development VM, docs/torch.md). Advice only: where the
 // kernel has THP off, or the call fails, nothing changes. GRADKIT_TORCH_HUGEPAGES=0 turns it off.
 at::Tensor EmptyOutput(at::IntArrayRef sizes, const at::TensorOptions& options);
 

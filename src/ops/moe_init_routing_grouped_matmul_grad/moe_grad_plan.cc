@@ -174,7 +174,7 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape) {
   g.lda = t.base_k;
   // B packed once per (block, expert) or k-block, by gradkit's packer into oneDNN's layout
   // (bfloat16 only then: the library's own reorder costs more than it saves, see
-  // MoeTileGemm::Create), measured faster than oneDNN's packing on every call
+  // OneDnnTileGemm in cpu/moe_grad_gemm.cc), measured faster than oneDNN's packing on every call
   // (docs/benchmarks.md).
   g.prepared_b = true;
   g.steps = {{t.base_k, false}};

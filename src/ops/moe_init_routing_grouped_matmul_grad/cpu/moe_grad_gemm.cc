@@ -276,6 +276,11 @@ class OneDnnTileGemm final : public MoeTileGemm {
     const void* PackB(int64_t width, int64_t reduce, const void* b, bool kn) {
       const size_t index = gemm_.PackIndex(width, reduce);
       const OneDnnTileGemm::Pack& pack = gemm_.packs_[index];
+      if (const std::optional<MoeBlockedB>& own = kn ? pack.own_kn : pack.own) {
+        MoePackB(gemm_.shape_.gemm_dtype, *own, width, reduce, b,
+                 kn ? gemm_.shape_.ldb_kn : gemm_.shape_.LdbOf(reduce), kn, packed_b_);
+        return packed_b_;
+      }
       std::optional<PackBound>& bound = (kn ? pack_kn_bound_ : pack_bound_)[index];
       if (!bound) {
         bound.emplace();
@@ -283,12 +288,6 @@ class OneDnnTileGemm final : public MoeTileGemm {
         bound->dst = dnnl::memory(pack.dst, Engine(), packed_b_);
       } else {
         bound->src.set_data_handle(const_cast<void*>(b));
-      }
-      const std::optional<MoeBlockedB>& own = kn ? pack.own_kn : pack.own;
-      if (own) {
-        MoePackB(gemm_.shape_.gemm_dtype, *own, width, reduce, b,
-                 kn ? gemm_.shape_.ldb_kn : gemm_.shape_.LdbOf(reduce), kn, packed_b_);
-        return packed_b_;
       }
       (kn ? pack.reorder_kn : pack.reorder).execute(ThreadStream(), bound->src, bound->dst);
       return packed_b_;
@@ -395,11 +394,10 @@ class OneDnnTileGemm final : public MoeTileGemm {
     return true;
   }
 
-  // Whether gradkit's packer packs every B (of `width` columns, or all of them).
-  bool PacksOwn(std::optional<int64_t> width = std::nullopt) const {
+  // Whether gradkit's packer packs every B of `width` columns.
+  bool PacksOwn(int64_t width) const {
     return std::all_of(packs_.begin(), packs_.end(), [&](const Pack& p) {
-      return (width && p.width != *width) ||
-             (p.own.has_value() && (!packs_from_kn_ || p.own_kn.has_value()));
+      return p.width != width || (p.own.has_value() && (!packs_from_kn_ || p.own_kn.has_value()));
     });
   }
 

@@ -1,6 +1,6 @@
 // MoeInitRoutingGroupedMatmulGrad CPU kernels around the GEMM: float16 -> float32 conversion of
-// tile rows, the transposed copy of [G, N, K] weights, the tile -> gradX row add, and gradkit's
-// own tile GEMM (used without oneDNN).
+// tile rows, the transposed copy of [G, N, K] weights, the tile -> gradX row add, B packed into
+// oneDNN's blocked layout (MoePackB), and gradkit's own tile GEMM (used without oneDNN).
 // SIMD target chosen at run time (Highway), ending in a scalar fallback.
 #pragma once
 
