@@ -137,6 +137,68 @@ def test_moe_ffn_gradients_equal_the_torch_modules(gkt, monkeypatch, activation,
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch,topk,experts,skew,empty,capacity", [
+    (33, 1, 4, 0.0, (), 0),
+    (40, 2, 8, 0.8, (), 0),
+    (25, 3, 6, 0.0, (0, 5), 0),
+    (20, 8, 8, 0.0, (), 0),
+    (50, 2, 4, 0.3, (), 9),
+])
+@pytest.mark.parametrize("chunk_bytes", [16 << 20, 1500])
+def test_moe_ffn_experts_gradients_of_probs_h_and_w2(gkt, monkeypatch, dtype, batch, topk,
+                                                     experts, skew, empty, capacity, chunk_bytes):
+    """MoeFFN's second matmul and combine are one node whose backward never sees y: the gradient
+    of probs comes from (d_out @ W2^T) . act(h). Every input's gradient against TorchMoeFFN's
+    experts() with the same routing, probs a leaf of its own (dropped slots get 0), in float32
+    and (against a float32 run of the same bfloat16 values) in bfloat16."""
+    import gradkit.torch.functional
+    monkeypatch.setattr(gradkit.torch.functional, "CHUNK_BYTES", chunk_bytes)
+    layer, peer = make_pair(gkt, 24, 40, experts, topk, "gelu", capacity, seed=batch)
+    layer, peer = layer.to(dtype), peer.to(torch.float32)
+    peer.load_state_dict({k: v.float() for k, v in layer.state_dict().items()})
+    expert_idx = ref.make_expert_idx(batch, topk, experts, skew, empty, seed=batch)
+    x0 = torch.randn(batch, 24).to(dtype)
+    p0 = torch.rand(batch, topk).to(dtype)
+    dout = torch.randn(batch, 24).to(dtype)
+    got, want = [], []
+    for module, results, dt in ((layer, got, dtype), (peer, want, torch.float32)):
+        x, p = (t.detach().to(dt).clone().requires_grad_() for t in (x0, p0))
+        module.zero_grad(set_to_none=True)
+        out = module.experts(x, expert_idx, p)
+        out.backward(dout.to(dt))
+        results += [out, x.grad, p.grad, module.w1.grad, module.w2.grad]
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    for name, a, b in zip(("out", "x", "probs", "w1", "w2"), got, want):
+        scale = b.abs().max().item() + 1e-6
+        assert (a.float() - b).abs().max().item() <= tol * scale, name
+    if capacity > 0:  # a dropped slot gets no gradient
+        row_slot, _ = ref.route(expert_idx, experts, capacity)
+        dropped = torch.ones(batch * topk, dtype=torch.bool)
+        dropped[row_slot] = False
+        assert dropped.any() and torch.all(got[2].reshape(-1)[dropped] == 0)
+
+
+def test_moe_ffn_keeps_neither_y_nor_act_h(gkt):
+    """The node of the second matmul and the combine saves h [M, F], the parameters and the
+    routing: no [M, H] tensor (y) and no second [M, F] one (act(h))."""
+    batch, topk, hidden, ffn = 30, 2, 16, 24
+    layer, _ = make_pair(gkt, hidden, ffn, 4, topk, "gelu")
+    out = layer(torch.randn(batch, hidden, requires_grad=True))
+    nodes, seen, saved = [out.grad_fn], set(), []
+    while nodes:
+        node = nodes.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if "ExpertsDownCombine" in type(node).__name__:
+            saved = [tuple(t.shape) for t in node.saved_tensors]
+        nodes += [n for n, _ in node.next_functions]
+    m = batch * topk
+    assert (m, ffn) in saved, saved
+    assert (m, hidden) not in saved and saved.count((m, ffn)) == 1, saved
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk_bytes", [16 << 20, 1500])
 def test_grad_accumulation_fusion_gives_autograds_gradients(gkt, monkeypatch, dtype, chunk_bytes):
     """MoeFFN(grad_accumulation_fusion=True) adds d_W1, d_W2 into w1.grad, w2.grad itself: made

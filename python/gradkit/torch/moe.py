@@ -7,11 +7,14 @@ plain PyTorch (TorchMoeFFN) to check it against and to measure it beside.
     y = act(h) @ W2[g(i)]                 [M, H]
     out[b] = sum over j of probs[b, j] * y[row of slot b * k + j]
 
-What MoeFFN keeps for the backward: h and y (besides x and the parameters). act(h) is
-recomputed in the backward (an elementwise op), the expanded x is never made, d_x comes from
-the fused operator without its [M, H] intermediate, the second matmul (forward and backward) runs
-over chunks of experts, so act(h) and its gradient are bounded (expert_chunks), and the two expert
-matmuls are autograd nodes of their own, so d_W2 is added into w2.grad before d_W1 exists.
+What MoeFFN keeps for the backward: h (besides x, probs, the routing and the parameters), not
+y: act(h) is recomputed in the backward (an elementwise op), the expanded x is never made, d_x
+comes from the fused operator without its [M, H] intermediate, and the second matmul and the
+combine are one node whose backward reads d_out through the routing, so neither y nor its [M, H]
+gradient is kept or made (the gradient of probs comes from (d_out @ W2^T) . act(h), which equals
+d_out . y). That node runs over chunks of experts, so act(h) and the other [rows, *]
+temporaries are bounded (expert_chunks), and the two expert matmuls are autograd nodes of their
+own, so d_W2 is added into w2.grad before d_W1 is made.
 TorchMoeFFN keeps, per expert, the gathered x, h, act(h) and y, as autograd does for its ops.
 """
 import math
@@ -65,46 +68,78 @@ def _activation_grad(act, act_backward, grad, h, out=None):
     return dh if out is None else out.copy_(dh)
 
 
-class _ExpertsDown(torch.autograd.Function):
-    """y = act(h) @ W2[g(i)] on rows in expanded order, keeping h (act(h) is recomputed).
-    Forward and backward run chunk by chunk: act(h) and its gradient exist for one chunk. The
-    backward writes d_h over the saved h (h is this node's own input, made by the gathered first matmul), so a
-    second backward through the same graph (retain_graph) is refused by autograd's check of
-    modified saved tensors."""
+def _row_dots(u, a, block=256):
+    """float32 [rows]: each row of u dotted with the same row of a, summed in float32, a block of
+    rows at a time (the products of one block are the only temporary)."""
+    dots = torch.empty(u.shape[0], dtype=torch.float32)
+    for r in range(0, u.shape[0], block):
+        torch.sum(u[r:r + block].float() * a[r:r + block].float(), dim=1, out=dots[r:r + block])
+    return dots
+
+
+class _ExpertsDownCombine(torch.autograd.Function):
+    """out[b] = sum over j of probs[b, j] * (act(h) @ W2[g])[row of slot b * k + j]: the second
+    expert matmul and the combine in one node, keeping h only (not y, not act(h)).
+
+    Forward: y = act(h) @ W2 chunk by chunk of experts, then finalize; y is freed on return.
+    Backward, chunk by chunk, from d_out [batch, H] read through the routing, so the [M, H] d_y
+    of a separate combine never exists:
+        u     = d_out[token(i)] @ W2[g]^T     (gather-fused grouped matmul, [rows, F])
+        dprob = u . act(h)[i]                 (= d_out[token] . y[i], without keeping y)
+        d_h   = act'(h) * (prob * u)          (written over the saved h)
+        d_W2 += act(h)^T @ (prob * d_out[token])   (the chunk's d_y rows: its one [rows, H])
+    A second backward through the same graph (retain_graph) is refused by autograd's check of
+    modified saved tensors, since d_h takes h's place."""
 
     @staticmethod
-    def forward(ctx, h, w2, group_list, act, act_backward, fuse_grad=False):
+    def forward(ctx, h, w2, probs, expanded_row_idx, group_list, topk, act, act_backward,
+                fuse_grad=False):
         ops = gkf._ops()
         chunks = gkf.expert_chunks(group_list.tolist(), h.shape[1] * h.element_size())
         y = h.new_empty(h.shape[0], w2.shape[2])
         for g0, g1, r0, r1 in chunks:  # each chunk's rows written in place (out=)
             ops.grouped_matmul.out(act(h[r0:r1]), w2[g0:g1], group_list[g0:g1],
                                    gkf.GROUP_LIST_COUNT, out=y[r0:r1])
-        ctx.save_for_backward(h, w2, group_list)
-        ctx.act, ctx.act_backward, ctx.chunks = act, act_backward, chunks
+        out = ops.moe_finalize_routing(y, probs, expanded_row_idx, gkf.ROW_IDX_GATHER)
+        ctx.save_for_backward(h, w2, probs, expanded_row_idx, group_list)
+        ctx.act, ctx.act_backward, ctx.chunks, ctx.topk = act, act_backward, chunks, topk
         ctx.w2 = w2 if fuse_grad else None  # the parameter whose .grad takes d_W2
-        return y
+        return out
 
     @staticmethod
-    def backward(ctx, dy):
-        h, w2, groups = ctx.saved_tensors
+    def backward(ctx, dout):
+        h, w2, probs, idx, groups = ctx.saved_tensors
         ops = gkf._ops()
-        dy = dy.to(w2.dtype)
-        want_dh, want_dw2 = ctx.needs_input_grad[0:2]
+        dout = dout.to(w2.dtype).contiguous()
+        want_dh, want_dw2, want_dprobs = ctx.needs_input_grad[0:3]
+        flat_probs = probs.reshape(-1).to(w2.dtype)
+        dprobs = torch.zeros(flat_probs.shape[0], dtype=torch.float32) if want_dprobs else None
         # Each chunk's experts written in place (into w2.grad with the fusion).
         fused = ctx.w2 is not None
         dw2 = gkf._WeightGradSink(ctx.w2 if fused else w2, fused) if want_dw2 else None
         for g0, g1, r0, r1 in ctx.chunks:
-            counts, h_c, dy_c = groups[g0:g1], h[r0:r1], dy[r0:r1]
+            counts, h_c, slots = groups[g0:g1], h[r0:r1], idx[r0:r1]
+            prob = flat_probs.index_select(0, slots).unsqueeze(1)
+            a_c = ctx.act(h_c) if want_dw2 or want_dprobs else None
             if want_dw2:
-                dw2.write(g0, g1, ctx.act(h_c), dy_c, counts)
-            if want_dh:
-                da = ops.grouped_matmul(dy_c, w2[g0:g1], counts, gkf.GROUP_LIST_COUNT, True)
-                # h's rows are not read again: d_h takes their place (no second [M, F] buffer).
-                _activation_grad(ctx.act, ctx.act_backward, da, h_c, out=h_c)
-                del da
-        return (h if want_dh else None, None if dw2 is None else dw2.result(), None, None, None,
-                None)
+                dy_c = dout.index_select(0, torch.div(slots, ctx.topk, rounding_mode="floor"))
+                dy_c.mul_(prob)
+                dw2.write(g0, g1, a_c, dy_c, counts)
+                del dy_c
+            if want_dh or want_dprobs:
+                u = ops.grouped_matmul(dout, w2[g0:g1], counts, gkf.GROUP_LIST_COUNT, True,
+                                       slots, gkf.ROW_IDX_GATHER, ctx.topk)
+                if want_dprobs:
+                    dprobs.index_copy_(0, slots, _row_dots(u, a_c))
+                del a_c
+                if want_dh:
+                    # h's rows are not read again: d_h takes their place (no second [M, F]).
+                    _activation_grad(ctx.act, ctx.act_backward, u.mul_(prob), h_c, out=h_c)
+                del u
+        if dprobs is not None:
+            dprobs = dprobs.to(probs.dtype).reshape(probs.shape)
+        return (h if want_dh else None, None if dw2 is None else dw2.result(), dprobs,
+                None, None, None, None, None, None)
 
 
 def top_k_gating(logits, topk):
@@ -168,9 +203,9 @@ class MoeFFN(_MoeFFNBase):
         fuse = bool(self.grad_accumulation_fusion)
         h = gkf._GroupedLinearGather.apply(x, self.w1, routing.expanded_row_idx,
                                            routing.group_list, routing.topk, fuse)
-        y = _ExpertsDown.apply(h, self.w2, routing.group_list, self.activation,
-                               self._activation_backward, fuse)
-        return gkf.moe_combine(y, probs.to(x.dtype), routing)
+        return _ExpertsDownCombine.apply(h, self.w2, probs.to(x.dtype), routing.expanded_row_idx,
+                                         routing.group_list, routing.topk, self.activation,
+                                         self._activation_backward, fuse)
 
 
 class TorchMoeFFN(_MoeFFNBase):
