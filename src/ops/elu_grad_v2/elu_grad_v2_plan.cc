@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/cpu/stream_copy.h"
 #include "core/cpu_info.h"
 #include "core/thread_pool.h"
 
@@ -102,7 +103,7 @@ EluGradV2Plan MakeEluGradV2Plan(const EluGradV2Problem& problem, const EluGradV2
   plan.streaming_stores =
       problem.contiguous &&
       (__builtin_mul_overflow(problem.elems, 2 * in_bytes + out_bytes, &moved_bytes) ||
-       moved_bytes > machine.llc_bytes);
+       StreamingPays(moved_bytes, machine.llc_bytes));
 
   if (plan.gather) {
     // Each thread's part starts aligned: the kernel's loads and stores of scratch stay whole.

@@ -5,6 +5,8 @@
 
 #include "core/c_api_guard.h"
 #include "core/check.h"
+#include "core/cpu/stream_copy.h"
+#include "core/cpu_info.h"
 #include "core/error.h"
 #include "core/executor.h"
 #include "core/thread_pool.h"
@@ -63,6 +65,7 @@ class MoeFinalizeExecutor final : public gkOpExecutor {
           }
         }
       }
+      if (plan_.streaming_stores) FlushStreamingStores();
     });
     return GK_SUCCESS;
   }
@@ -93,6 +96,7 @@ class MoeFinalizeExecutor final : public gkOpExecutor {
     float probs[kMoeFinalizeForwardSlots];
     const void* next[kMoeFinalizeForwardSlots];
     MoeFinalizeSumArgs args{s.dtype, rows, probs, 0, s.n, nullptr, acc_row, s.token_dtype, nullptr};
+    args.stream = plan_.streaming_stores;
     for (int64_t p = b * s.top_k; p < (b + 1) * s.top_k; ++p) {
       const int64_t row = slot_row[p];
       if (row < 0) continue;  // dropped
@@ -128,6 +132,7 @@ class MoeFinalizeExecutor final : public gkOpExecutor {
     MoeFinalizeGradArgs args{s.token_dtype, Row(grad_out_, b), s.dtype, y_rows, probs, 0, s.n,
                              s.grad_y_dtype, grad_y_rows, grad_probs};
     args.next_rows = next;
+    args.stream = plan_.streaming_stores;
     const int64_t slot_end = end * s.top_k;
     const auto flush = [&] {
       const int64_t after = slots[args.count - 1] + 1;
@@ -169,7 +174,8 @@ gkStatus Plan(std::string_view api, const MoeFinalizeArgs& args, uint64_t* works
   GK_RETURN_IF_ERROR(CheckNotNull(api, executor, "executor"));
   MoeFinalizeShape shape{};
   GK_RETURN_IF_ERROR(CheckMoeFinalize(api, args, &shape));
-  const MoeFinalizePlan plan = MakeMoeFinalizePlan(shape, ConfiguredThreads());
+  const MoeFinalizePlan plan =
+      MakeMoeFinalizePlan(shape, ConfiguredThreads(), DetectCaches().llc_bytes);
   *executor = new MoeFinalizeExecutor(plan, args);
   *workspace_size = plan.workspace_bytes;
   ClearRecentError();

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 
+#include "core/cpu/stream_copy.h"
 #include "core/executor.h"
 
 namespace gk {
 
-MoeFinalizePlan MakeMoeFinalizePlan(const MoeFinalizeShape& s, int32_t threads) {
+MoeFinalizePlan MakeMoeFinalizePlan(const MoeFinalizeShape& s, int32_t threads,
+                                    int64_t llc_bytes) {
   MoeFinalizePlan p{};
   p.shape = s;
   int64_t token_elems;  // topK x N, saturated: a token that large is a unit of its own
@@ -16,6 +18,15 @@ MoeFinalizePlan MakeMoeFinalizePlan(const MoeFinalizeShape& s, int32_t threads) 
   p.tokens_per_unit = std::max<int64_t>(1, kMoeFinalizeUnitElems / std::max<int64_t>(1, token_elems));
   p.units = (s.batch + p.tokens_per_unit - 1) / p.tokens_per_unit;
   p.threads = static_cast<int32_t>(std::clamp<int64_t>(p.units, 1, std::max(threads, 1)));
+  // Forward: M rows of y read, batch rows of out written; backward: batch rows of gradOut and
+  // M rows of y read, M rows of gradExpandedY written (element sizes of their dtypes).
+  const double row = static_cast<double>(s.n), batch = static_cast<double>(s.batch),
+               m = static_cast<double>(s.m);
+  const double moved =
+      s.backward ? row * (batch * ElementBytes(s.token_dtype) +
+                          m * (ElementBytes(s.dtype) + ElementBytes(s.grad_y_dtype)))
+                 : row * (m * ElementBytes(s.dtype) + batch * ElementBytes(s.token_dtype));
+  p.streaming_stores = StreamingPays(moved, llc_bytes);
   const uint64_t a = kMoeFinalizeAlignment;
   p.slot_row_offset = 0;
   p.row_token_offset = AlignUp(static_cast<uint64_t>(s.slots()) * sizeof(int64_t), a);
@@ -30,9 +41,11 @@ std::string MoeFinalizePlanToJson(const MoeFinalizePlan& p) {
   const MoeFinalizeShape& s = p.shape;
   return fmt::format(
       "{{\"op\": \"{}\", \"m\": {}, \"n\": {}, \"batch\": {}, \"top_k\": {}, \"dtype\": \"{}\", "
-      "\"tokens_per_unit\": {}, \"units\": {}, \"threads\": {}, \"workspace_bytes\": {}}}",
+      "\"tokens_per_unit\": {}, \"units\": {}, \"threads\": {}, \"streaming_stores\": {}, "
+      "\"workspace_bytes\": {}}}",
       s.backward ? kMoeFinalizeRoutingGradName : kMoeFinalizeRoutingName, s.m, s.n, s.batch,
-      s.top_k, DTypeName(s.dtype), p.tokens_per_unit, p.units, p.threads, p.workspace_bytes);
+      s.top_k, DTypeName(s.dtype), p.tokens_per_unit, p.units, p.threads, p.streaming_stores,
+      p.workspace_bytes);
 }
 
 }  // namespace gk

@@ -21,6 +21,10 @@ struct MoeFinalizePlan {
   int64_t tokens_per_unit;
   int64_t units;    // ceil(batch / tokens_per_unit)
   int32_t threads;  // min(the machine's threads, units)
+  // The bytes moved exceed the last-level cache: the output rows (out; gradExpandedY) are
+  // written with non-temporal stores where they are vector-aligned (same bytes, no
+  // read-for-ownership of each output line).
+  bool streaming_stores;
   // Workspace regions, from the 64-byte aligned start.
   uint64_t slot_row_offset;    // batch * topK int64: the row of each slot, or -1
   uint64_t row_token_offset;   // M int64: scratch of the index check
@@ -30,7 +34,8 @@ struct MoeFinalizePlan {
   bool operator==(const MoeFinalizePlan&) const = default;
 };
 
-MoeFinalizePlan MakeMoeFinalizePlan(const MoeFinalizeShape& shape, int32_t threads);
+MoeFinalizePlan MakeMoeFinalizePlan(const MoeFinalizeShape& shape, int32_t threads,
+                                    int64_t llc_bytes);
 std::string MoeFinalizePlanToJson(const MoeFinalizePlan& plan);
 
 }  // namespace gk

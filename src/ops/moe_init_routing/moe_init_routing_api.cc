@@ -1,11 +1,14 @@
 // MoeInitRouting two-phase C API: phase 1 checks (expertIdx's values included) and plans;
 // phase 2 builds the routing table in the workspace, then writes groupList, expandedRowIdx and
-// the rows of expandedX (a copy of x's bytes: memcpy is the vector loop), unless the caller
-// asked for the indices only (expandedX NULL).
+// the rows of expandedX (a copy of x's bytes: memcpy, or StreamCopy's non-temporal stores once
+// the copy outgrows the last-level cache), unless the caller asked for the indices only
+// (expandedX NULL).
 #include <cstring>
 
 #include "core/c_api_guard.h"
 #include "core/check.h"
+#include "core/cpu/stream_copy.h"
+#include "core/cpu_info.h"
 #include "core/error.h"
 #include "core/executor.h"
 #include "core/thread_pool.h"
@@ -60,6 +63,7 @@ class MoeInitRoutingExecutor final : public gkOpExecutor {
     }
     ParallelFor(plan_.threads, plan_.threads, [&](int64_t t) {
       for (int64_t unit = t; unit < plan_.units; unit += plan_.threads) CopyUnit(unit, table);
+      if (plan_.streaming_stores) FlushStreamingStores();
     });
     return GK_SUCCESS;
   }
@@ -79,7 +83,12 @@ class MoeInitRoutingExecutor final : public gkOpExecutor {
         char* target = TensorBase(ex_) + i * s.h * elem;
         if (i < table.m) {
           const int64_t slot = table.row_slot[i];
-          std::memcpy(target, x + slot / s.top_k * s.x_row_stride * elem, row_bytes);
+          const char* source = x + slot / s.top_k * s.x_row_stride * elem;
+          if (plan_.streaming_stores) {
+            StreamCopy(target, source, row_bytes);
+          } else {
+            std::memcpy(target, source, row_bytes);
+          }
         } else {
           std::memset(target, 0, row_bytes);
         }
@@ -114,7 +123,7 @@ extern "C" gkStatus gkMoeInitRoutingGetWorkspaceSize(
                                   expandedX,      expandedRowIdx, groupList};
     MoeInitRoutingShape shape{};
     GK_RETURN_IF_ERROR(CheckMoeInitRouting(kPhase1, args, &shape));
-    const MoeInitRoutingPlan plan = MakeMoeInitRoutingPlan(shape, ConfiguredThreads());
+    const MoeInitRoutingPlan plan = MakeMoeInitRoutingPlan(shape, ConfiguredThreads(), DetectCaches().llc_bytes);
     *executor = new MoeInitRoutingExecutor(plan, *x, *expertIdx,
                                            expandedX != nullptr ? *expandedX : gkTensor{},
                                            *expandedRowIdx, *groupList);

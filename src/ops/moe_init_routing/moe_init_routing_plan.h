@@ -19,6 +19,9 @@ struct MoeInitRoutingPlan {
   int64_t rows_per_unit;
   int64_t units;      // ceil(R / rows_per_unit)
   int32_t threads;    // min(the machine's threads, units), at least 1
+  // The rows copied (read + written) exceed the last-level cache: expandedX's rows are written
+  // with non-temporal stores (StreamCopy; same bytes, no read-for-ownership).
+  bool streaming_stores;
   // Workspace (int64 tables, each 64-byte aligned from the aligned start).
   uint64_t group_offsets_offset;  // G + 1
   uint64_t cursor_offset;         // G
@@ -27,7 +30,8 @@ struct MoeInitRoutingPlan {
   bool operator==(const MoeInitRoutingPlan&) const = default;
 };
 
-MoeInitRoutingPlan MakeMoeInitRoutingPlan(const MoeInitRoutingShape& shape, int32_t threads);
+MoeInitRoutingPlan MakeMoeInitRoutingPlan(const MoeInitRoutingShape& shape, int32_t threads,
+                                          int64_t llc_bytes);
 std::string MoeInitRoutingPlanToJson(const MoeInitRoutingPlan& plan);
 
 }  // namespace gk

@@ -145,8 +145,6 @@ const std::vector<EluGradV2KernelEntry>& EluGradV2Kernels() {
   return kernels;
 }
 
-void FlushStreamingStores() { hwy::FlushStream(); }
-
 void AllowNativeBf16Conversion(bool allow) { NativeBf16Allowed().store(allow); }
 
 EluGradV2Kernel FindEluGradV2Kernel(DType input, DType output, bool is_result) {

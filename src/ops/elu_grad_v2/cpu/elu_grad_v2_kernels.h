@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu/stream_copy.h"  // FlushStreamingStores
 #include "core/dtype.h"
 #include "ops/elu_grad_v2/elu_grad_v2_ref.h"
 
@@ -26,8 +27,6 @@ struct EluGradV2KernelEntry {
   bool is_result;
   EluGradV2Kernel kernel;  // dispatches to the best SIMD target at call time
 };
-
-void FlushStreamingStores();
 
 // For tests: false makes the bfloat16 kernels of Highway 1.0's AVX-512 targets round in integer
 // arithmetic even where the CPU has vcvtne2ps2bf16 (convert-inl.h), so both run here.

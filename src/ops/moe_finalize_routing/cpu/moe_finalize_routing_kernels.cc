@@ -44,9 +44,21 @@ HWY_INLINE void PrefetchRows(const void* const* rows, int64_t count, int64_t j, 
   }
 }
 
+// Whether every row in rows[0, count) starts vector-aligned (for non-temporal stores: the pair
+// stores below then stay aligned, whatever the element size).
+template <class D>
+bool RowsAligned(D d, void* const* rows, int64_t count) {
+  const uintptr_t align = hn::Lanes(d) * sizeof(float);
+  for (int64_t s = 0; s < count; ++s) {
+    if (reinterpret_cast<uintptr_t>(rows[s]) % align != 0) return false;
+  }
+  return true;
+}
+
 // Two vectors of columns per step (the sums of different columns are independent, so this
-// changes no result), then one vector, then the scalar tail.
-template <class Y, class Out>
+// changes no result), then one vector, then the scalar tail. kStream: the two-vector stores
+// are non-temporal (out vector-aligned).
+template <class Y, class Out, bool kStream>
 void WeightedSumT(const MoeFinalizeSumArgs& a) {
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
@@ -64,7 +76,7 @@ void WeightedSumT(const MoeFinalizeSumArgs& a) {
       acc1 = hn::Add(acc1, hn::Mul(p, LoadAsF32<Y>(df, row + j + lanes)));
     }
     if (out != nullptr) {
-      StorePairFromF32<Out, false>(df, acc0, acc1, out + j);
+      StorePairFromF32<Out, kStream>(df, acc0, acc1, out + j);
     } else {
       hn::StoreU(acc0, df, a.acc_out + j);
       hn::StoreU(acc1, df, a.acc_out + j + lanes);
@@ -95,20 +107,34 @@ void WeightedSumT(const MoeFinalizeSumArgs& a) {
   }
 }
 
+template <class Y, class Out>
+void WeightedSumStreamOrNot(const MoeFinalizeSumArgs& a) {
+  void* out = a.out;
+  if (kHasStreamingStores && a.stream && out != nullptr &&
+      RowsAligned(hn::ScalableTag<float>(), &out, 1)) {
+    WeightedSumT<Y, Out, true>(a);
+  } else {
+    WeightedSumT<Y, Out, false>(a);
+  }
+}
+
 HWY_NOINLINE void WeightedSum(const MoeFinalizeSumArgs& a) {
   WithStorage(a.y_dtype, [&](auto y) {
     using Y = decltype(y);
     if (a.out_dtype == DType::kF32) {
-      WeightedSumT<Y, F32Storage>(a);
+      WeightedSumStreamOrNot<Y, F32Storage>(a);
     } else {
-      WeightedSumT<Y, Y>(a);
+      WeightedSumStreamOrNot<Y, Y>(a);
     }
   });
 }
 
 // Up to four slots, each with its own register of partial dot products: their rows stream in
-// together, gradOut's row is loaded once for them.
-template <class G, class Y, class GY>
+// together, gradOut's row is loaded once for them. Two vectors of columns per step, then one:
+// each slot's partial sums take the vectors in column order either way (the same additions as
+// one vector per step). kStream: the two-vector stores of grad_y are non-temporal (every
+// grad_y row vector-aligned).
+template <class G, class Y, class GY, bool kStream>
 void GradSlotsT(const MoeFinalizeGradArgs& a) {
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
@@ -126,10 +152,25 @@ void GradSlotsT(const MoeFinalizeGradArgs& a) {
   const auto p0 = hn::Set(df, a.probs[slot(0)]), p1 = hn::Set(df, a.probs[slot(1)]);
   const auto p2 = hn::Set(df, a.probs[slot(2)]), p3 = hn::Set(df, a.probs[slot(3)]);
   auto sum0 = hn::Zero(df), sum1 = hn::Zero(df), sum2 = hn::Zero(df), sum3 = hn::Zero(df);
+  // One slot's two vectors at j: its partial sums, in column order, and its grad_y pair.
+  const auto pair = [&](auto& sum, const typename Y::Lane* y, typename GY::Lane* gy,
+                        hn::Vec<decltype(df)> p, hn::Vec<decltype(df)> g0,
+                        hn::Vec<decltype(df)> g1, int64_t j) {
+    sum = hn::Add(sum, hn::Mul(g0, LoadAsF32<Y>(df, y + j)));
+    sum = hn::Add(sum, hn::Mul(g1, LoadAsF32<Y>(df, y + j + lanes)));
+    StorePairFromF32<GY, kStream>(df, hn::Mul(p, g0), hn::Mul(p, g1), gy + j);
+  };
   int64_t j = 0;
+  for (; j + 2 * lanes <= n; j += 2 * lanes) {
+    PrefetchRows<Y>(a.next_rows, a.next_count, j, 2 * lanes);
+    if (a.next_grad_out != nullptr) PrefetchRows<G>(&a.next_grad_out, 1, j, 2 * lanes);
+    const auto g0 = LoadAsF32<G>(df, g_row + j), g1 = LoadAsF32<G>(df, g_row + j + lanes);
+    pair(sum0, y0, gy0, p0, g0, g1, j);
+    if (count > 1) pair(sum1, y1, gy1, p1, g0, g1, j);
+    if (count > 2) pair(sum2, y2, gy2, p2, g0, g1, j);
+    if (count > 3) pair(sum3, y3, gy3, p3, g0, g1, j);
+  }
   for (; j + lanes <= n; j += lanes) {
-    PrefetchRows<Y>(a.next_rows, a.next_count, j, lanes);
-    if (a.next_grad_out != nullptr) PrefetchRows<G>(&a.next_grad_out, 1, j, lanes);
     const auto g = LoadAsF32<G>(df, g_row + j);
     sum0 = hn::Add(sum0, hn::Mul(g, LoadAsF32<Y>(df, y0 + j)));
     StoreFromF32<GY>(df, hn::Mul(p0, g), gy0 + j);
@@ -168,10 +209,18 @@ HWY_NOINLINE void GradSlots(const MoeFinalizeGradArgs& a) {
     using Y = decltype(y);
     const auto with_grad_y = [&](auto g) {
       using G = decltype(g);
+      const bool stream = kHasStreamingStores && a.stream &&
+                          RowsAligned(hn::ScalableTag<float>(), a.grad_y_rows, a.count);
       if (a.grad_y_dtype == DType::kF32) {
-        GradSlotsT<G, Y, F32Storage>(a);
+        if (stream) {
+          GradSlotsT<G, Y, F32Storage, true>(a);
+        } else {
+          GradSlotsT<G, Y, F32Storage, false>(a);
+        }
+      } else if (stream) {
+        GradSlotsT<G, Y, Y, true>(a);
       } else {
-        GradSlotsT<G, Y, Y>(a);
+        GradSlotsT<G, Y, Y, false>(a);
       }
     };
     if (a.grad_dtype == DType::kF32) {

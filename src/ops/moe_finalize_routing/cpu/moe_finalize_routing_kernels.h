@@ -35,6 +35,9 @@ struct MoeFinalizeSumArgs {
   // (memory is then fetched ahead instead of the next rows' first lines waiting).
   const void* const* next_rows = nullptr;
   int64_t next_count = 0;
+  // Write `out` with non-temporal stores where it is vector-aligned (same bytes; the caller
+  // ends its share with FlushStreamingStores()).
+  bool stream = false;
 };
 void MoeFinalizeWeightedSum(const MoeFinalizeSumArgs& args);
 
@@ -59,6 +62,8 @@ struct MoeFinalizeGradArgs {
   const void* const* next_rows = nullptr;
   int64_t next_count = 0;
   const void* next_grad_out = nullptr;
+  // As MoeFinalizeSumArgs: the grad_y rows streamed when every one of them is vector-aligned.
+  bool stream = false;
 };
 void MoeFinalizeGradSlots(const MoeFinalizeGradArgs& args);
 

@@ -1,0 +1,27 @@
+// Copies and stores that bypass the caches, for outputs too large to stay cached: a
+// non-temporal store writes a line without reading it first (no read-for-ownership), so a row
+// copy moves 2 bytes per byte instead of 3. Results are the bytes of memcpy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gk {
+
+// dst[0, bytes) = src[0, bytes). Where the SIMD target has non-temporal stores the bytes from
+// the first vector-aligned address of dst on are streamed (the head and the tail by memcpy);
+// elsewhere it is memcpy. Streamed stores are weakly ordered: a thread that streams ends its
+// share with FlushStreamingStores() before other threads read what it wrote.
+void StreamCopy(void* dst, const void* src, size_t bytes);
+
+// The fence after non-temporal stores (sfence on x86; nothing elsewhere).
+void FlushStreamingStores();
+
+// Whether plans should stream an output: once the bytes an operator moves exceed the
+// last-level cache, nothing it writes stays cached for a consumer anyway.
+// (moved_bytes in double: plans compute it from shapes without overflow.)
+inline bool StreamingPays(double moved_bytes, int64_t llc_bytes) {
+  return moved_bytes > static_cast<double>(llc_bytes);
+}
+
+}  // namespace gk
