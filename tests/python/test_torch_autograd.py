@@ -44,13 +44,17 @@ def per_expert_linear(x, expert_idx, weight, capacity):
     return torch.cat(parts), row_slot
 
 
-@pytest.mark.parametrize("batch,topk,experts,skew,empty,capacity", [
+# Routings the expert-matmul tests run over: topK 1..8, skew, empty experts, capacity drops.
+ROUTINGS = [
     (33, 1, 4, 0.0, (), 0),
     (40, 2, 8, 0.8, (), 0),
     (25, 3, 6, 0.0, (0, 5), 0),
     (20, 8, 8, 0.0, (), 0),
     (50, 2, 4, 0.3, (), 9),
-])
+]
+
+
+@pytest.mark.parametrize("batch,topk,experts,skew,empty,capacity", ROUTINGS)
 def test_grouped_linear_and_combine_gradients(gkt, batch, topk, experts, skew, empty, capacity):
     h, f = 24, 40
     expert_idx = ref.make_expert_idx(batch, topk, experts, skew, empty, seed=batch)
@@ -137,13 +141,7 @@ def test_moe_ffn_gradients_equal_the_torch_modules(gkt, monkeypatch, activation,
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("batch,topk,experts,skew,empty,capacity", [
-    (33, 1, 4, 0.0, (), 0),
-    (40, 2, 8, 0.8, (), 0),
-    (25, 3, 6, 0.0, (0, 5), 0),
-    (20, 8, 8, 0.0, (), 0),
-    (50, 2, 4, 0.3, (), 9),
-])
+@pytest.mark.parametrize("batch,topk,experts,skew,empty,capacity", ROUTINGS)
 @pytest.mark.parametrize("chunk_bytes", [16 << 20, 1500])
 def test_moe_ffn_experts_gradients_of_probs_h_and_w2(gkt, monkeypatch, dtype, batch, topk,
                                                      experts, skew, empty, capacity, chunk_bytes):
