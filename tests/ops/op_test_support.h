@@ -19,6 +19,21 @@ inline constexpr bool kUnderSanitizer = true;
 inline constexpr bool kUnderSanitizer = false;
 #endif
 
+// Whether oneDNN 2.x runs a matmul of this dtype on its brgemm kernels here: float32 wants
+// avx512_core (AVX512 F, BW, VL, DQ), bfloat16 AVX512-BF16 besides (on AVX2 alone float32 runs
+// on gemm:jit and bfloat16 on gradkit's own GEMM). Decided from the CPU, not from what the
+// library picked, so that a fallback on such a CPU fails the tests that need brgemm.
+inline bool CpuHasBrgemmFor(DType dtype) {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+  const bool core = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return dtype == DType::kBF16 ? core && __builtin_cpu_supports("avx512bf16") : core;
+#else
+  (void)dtype;
+  return false;
+#endif
+}
+
 // values as GK_INT32 or GK_INT64 bytes (int32 keeps the low half).
 inline std::vector<uint8_t> IndexBytes(const std::vector<int64_t>& values, DType dtype) {
   std::vector<uint8_t> out(values.size() * ElementBytes(dtype));

@@ -140,18 +140,26 @@ def test_moe_ffn_gradients_equal_the_torch_modules(gkt, monkeypatch, activation,
         torch.testing.assert_close(grads[name], rgrads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def _square(t):  # an activation torch 1.13 has for float16 on CPU (gelu, relu, silu: not)
+    return t * t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("batch,topk,experts,skew,empty,capacity", ROUTINGS)
 @pytest.mark.parametrize("chunk_bytes", [16 << 20, 1500])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
 def test_moe_ffn_experts_gradients_of_probs_h_and_w2(gkt, monkeypatch, dtype, batch, topk,
-                                                     experts, skew, empty, capacity, chunk_bytes):
+                                                     experts, skew, empty, capacity, chunk_bytes,
+                                                     index_dtype):
     """MoeFFN's second matmul and combine are one node whose backward never sees y: the gradient
     of probs comes from (d_out @ W2^T) . act(h). Every input's gradient against TorchMoeFFN's
     experts() with the same routing, probs a leaf of its own (dropped slots get 0), in float32
-    and (against a float32 run of the same bfloat16 values) in bfloat16."""
+    and (against a float32 run of the same 16-bit values) in bfloat16 and float16; int64 and
+    int32 expert indices (the routing keeps int32)."""
     import gradkit.torch.functional
     monkeypatch.setattr(gradkit.torch.functional, "CHUNK_BYTES", chunk_bytes)
-    layer, peer = make_pair(gkt, 24, 40, experts, topk, "gelu", capacity, seed=batch)
+    activation = _square if dtype == torch.float16 else "gelu"
+    layer, peer = make_pair(gkt, 24, 40, experts, topk, activation, capacity, seed=batch)
     layer, peer = layer.to(dtype), peer.to(torch.float32)
     peer.load_state_dict({k: v.float() for k, v in layer.state_dict().items()})
     expert_idx = ref.make_expert_idx(batch, topk, experts, skew, empty, seed=batch)
@@ -162,7 +170,7 @@ def test_moe_ffn_experts_gradients_of_probs_h_and_w2(gkt, monkeypatch, dtype, ba
     for module, results, dt in ((layer, got, dtype), (peer, want, torch.float32)):
         x, p = (t.detach().to(dt).clone().requires_grad_() for t in (x0, p0))
         module.zero_grad(set_to_none=True)
-        out = module.experts(x, expert_idx, p)
+        out = module.experts(x, expert_idx.to(index_dtype), p)
         out.backward(dout.to(dt))
         results += [out, x.grad, p.grad, module.w1.grad, module.w2.grad]
     tol = 1e-4 if dtype == torch.float32 else 2e-2
@@ -174,6 +182,32 @@ def test_moe_ffn_experts_gradients_of_probs_h_and_w2(gkt, monkeypatch, dtype, ba
         dropped = torch.ones(batch * topk, dtype=torch.bool)
         dropped[row_slot] = False
         assert dropped.any() and torch.all(got[2].reshape(-1)[dropped] == 0)
+
+
+@pytest.mark.parametrize("frozen", ["w2", "probs", "x and w1", "w2 and probs"])
+def test_moe_ffn_experts_with_inputs_that_need_no_gradient(gkt, frozen):
+    """The fused second node computes only the gradients asked for, and those equal the
+    peer's: a frozen w2 (no d_W2), probs without a gradient (no u . act(h)), x and w1 frozen
+    (d_h still flows to nothing but the first node is skipped)."""
+    layer, peer = make_pair(gkt, 24, 40, 6, 2, "gelu", seed=3)
+    expert_idx = ref.make_expert_idx(30, 2, 6, seed=3)
+    x0, p0, dout = torch.randn(30, 24), torch.rand(30, 2), torch.randn(30, 24)
+    results = []
+    for module in (layer, peer):
+        module.zero_grad(set_to_none=True)
+        if "w2" in frozen:
+            module.w2.requires_grad_(False)
+        if "w1" in frozen:
+            module.w1.requires_grad_(False)
+        x = x0.clone().requires_grad_("x" not in frozen)
+        p = p0.clone().requires_grad_("probs" not in frozen)
+        module.experts(x, expert_idx, p).backward(dout)
+        results.append([x.grad, p.grad, module.w1.grad, module.w2.grad])
+    for name, a, b in zip(("x", "probs", "w1", "w2"), *results):
+        if b is None:
+            assert a is None, name
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_moe_ffn_keeps_neither_y_nor_act_h(gkt):

@@ -87,11 +87,11 @@ def elu(x, alpha=1.0, scale=1.0, input_scale=1.0, save_result=False):
 
 
 # MoeFFN's second expert matmul, forward and backward, runs in chunks of whole experts, in
-# expert order, each with about this many bytes of [rows, F] temporaries (at least one expert):
-# those temporaries exist for one chunk at a time, not for all M rows. The split depends on the
-# routing and F only. 8 MiB: at S1 (bfloat16) the step's peak is in that node's backward, whose
-# chunk temporaries (act(h), then the chunk's [rows, H] d_y) 16 MiB chunks made 6 MiB larger;
-# the step time did not change between 4, 8 and 16 MiB (docs/benchmarks.md).
+# expert order, each with about this many bytes of [rows, max(F, H)] temporaries (at least one
+# expert): act(h) [rows, F] and the backward's d_y rows [rows, H] exist for one chunk at a time,
+# not for all M rows. The split depends on the routing, F and H only. 8 MiB: at S1 (bfloat16)
+# the step's peak is in that node's backward, whose chunk temporaries 16 MiB chunks made 6 MiB
+# larger; the step time did not change between 4, 8 and 16 MiB (docs/benchmarks.md).
 CHUNK_BYTES = 8 << 20
 
 

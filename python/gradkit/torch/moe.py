@@ -10,11 +10,12 @@ plain PyTorch (TorchMoeFFN) to check it against and to measure it beside.
 What MoeFFN keeps for the backward: h (besides x, probs, the routing and the parameters), not
 y: act(h) is recomputed in the backward (an elementwise op), the expanded x is never made, d_x
 comes from the fused operator without its [M, H] intermediate, and the second matmul and the
-combine are one node whose backward reads d_out through the routing, so neither y nor its [M, H]
-gradient is kept or made (the gradient of probs comes from (d_out @ W2^T) . act(h), which equals
-d_out . y). That node runs over chunks of experts, so act(h) and the other [rows, *]
-temporaries are bounded (expert_chunks), and the two expert matmuls are autograd nodes of their
-own, so d_W2 is added into w2.grad before d_W1 is made.
+combine are one node whose backward reads d_out through the routing, so y is not kept and its
+[M, H] gradient is made one chunk of experts at a time (the gradient of probs comes from
+(d_out @ W2^T) . act(h), which equals d_out . y). That node runs over chunks of experts, so
+act(h) and the other [rows, *] temporaries are bounded (expert_chunks; a chunk is at least one
+expert), and the two expert matmuls are autograd nodes of their own, so d_W2 is added into
+w2.grad before d_W1 is made.
 TorchMoeFFN keeps, per expert, the gathered x, h, act(h) and y, as autograd does for its ops.
 """
 import math
@@ -83,11 +84,13 @@ class _ExpertsDownCombine(torch.autograd.Function):
 
     Forward: y = act(h) @ W2 chunk by chunk of experts, then finalize; y is freed on return.
     Backward, chunk by chunk, from d_out [batch, H] read through the routing, so the [M, H] d_y
-    of a separate combine never exists:
+    of a separate combine is made one chunk of experts at a time (whole only when the chunk
+    is every expert: a small layer, or one expert holding most rows):
         u     = d_out[token(i)] @ W2[g]^T     (gather-fused grouped matmul, [rows, F])
         dprob = u . act(h)[i]                 (= d_out[token] . y[i], without keeping y)
         d_h   = act'(h) * (prob * u)          (written over the saved h)
         d_W2 += act(h)^T @ (prob * d_out[token])   (the chunk's d_y rows: its one [rows, H])
+    Chunks hold about CHUNK_BYTES of [rows, max(F, H)] (at least one expert).
     A second backward through the same graph (retain_graph) is refused by autograd's check of
     modified saved tensors, since d_h takes h's place."""
 
@@ -95,7 +98,9 @@ class _ExpertsDownCombine(torch.autograd.Function):
     def forward(ctx, h, w2, probs, expanded_row_idx, group_list, topk, act, act_backward,
                 fuse_grad=False):
         ops = gkf._ops()
-        chunks = gkf.expert_chunks(group_list.tolist(), h.shape[1] * h.element_size())
+        # Chunks bound act(h) [rows, F] and the chunk's d_y [rows, H] alike.
+        row_bytes = max(h.shape[1], w2.shape[2]) * h.element_size()
+        chunks = gkf.expert_chunks(group_list.tolist(), row_bytes)
         y = h.new_empty(h.shape[0], w2.shape[2])
         for g0, g1, r0, r1 in chunks:  # each chunk's rows written in place (out=)
             ops.grouped_matmul.out(act(h[r0:r1]), w2[g0:g1], group_list[g0:g1],
@@ -114,6 +119,9 @@ class _ExpertsDownCombine(torch.autograd.Function):
         want_dh, want_dw2, want_dprobs = ctx.needs_input_grad[0:3]
         flat_probs = probs.reshape(-1).to(w2.dtype)
         dprobs = torch.zeros(flat_probs.shape[0], dtype=torch.float32) if want_dprobs else None
+        # float16: u in float32, so that the unweighted d_out @ W2^T cannot overflow where
+        # prob * d_out did not (loss scaling); its product with prob is rounded once.
+        u_dtype = torch.float32 if w2.dtype == torch.float16 else None
         # Each chunk's experts written in place (into w2.grad with the fusion).
         fused = ctx.w2 is not None
         dw2 = gkf._WeightGradSink(ctx.w2 if fused else w2, fused) if want_dw2 else None
@@ -126,16 +134,21 @@ class _ExpertsDownCombine(torch.autograd.Function):
                 dy_c.mul_(prob)
                 dw2.write(g0, g1, a_c, dy_c, counts)
                 del dy_c
+                if not want_dprobs:
+                    a_c = None
             if want_dh or want_dprobs:
                 u = ops.grouped_matmul(dout, w2[g0:g1], counts, gkf.GROUP_LIST_COUNT, True,
-                                       slots, gkf.ROW_IDX_GATHER, ctx.topk)
+                                       slots, gkf.ROW_IDX_GATHER, ctx.topk, u_dtype)
                 if want_dprobs:
-                    dprobs.index_copy_(0, slots, _row_dots(u, a_c))
-                del a_c
+                    dprobs.index_copy_(0, slots.long(), _row_dots(u, a_c))
+                a_c = None
                 if want_dh:
                     # h's rows are not read again: d_h takes their place (no second [M, F]).
-                    _activation_grad(ctx.act, ctx.act_backward, u.mul_(prob), h_c, out=h_c)
-                del u
+                    da = u.mul_(prob).to(h.dtype)
+                    del u
+                    _activation_grad(ctx.act, ctx.act_backward, da, h_c, out=h_c)
+                    del da
+                u = None
         if dprobs is not None:
             dprobs = dprobs.to(probs.dtype).reshape(probs.shape)
         return (h if want_dh else None, None if dw2 is None else dw2.result(), dprobs,

@@ -18,10 +18,13 @@ namespace hn = hwy::HWY_NAMESPACE;
 void StreamCopyT(void* dst, const void* src, size_t bytes) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
   const hn::ScalableTag<uint8_t> d;
-  const size_t vec = hn::Lanes(d);
+  const size_t vec = hn::Lanes(d);  // 32 or 64 bytes
   auto* out = static_cast<uint8_t*>(dst);
   const auto* in = static_cast<const uint8_t*>(src);
-  const size_t head = (vec - reinterpret_cast<uintptr_t>(out) % vec) % vec;
+  // From the first cache line of dst on (a multiple of the vector): no line is written partly
+  // by memcpy's cached stores and partly by non-temporal ones.
+  constexpr size_t kLine = 64;
+  const size_t head = (kLine - reinterpret_cast<uintptr_t>(out) % kLine) % kLine;
   if (bytes < head + 2 * vec) {
     std::memcpy(dst, src, bytes);
     return;

@@ -8,9 +8,9 @@
 
 namespace gk {
 
-// dst[0, bytes) = src[0, bytes). Where the SIMD target has non-temporal stores the bytes from
-// the first vector-aligned address of dst on are streamed (the head and the tail by memcpy);
-// elsewhere it is memcpy. Streamed stores are weakly ordered: a thread that streams ends its
+// dst[0, bytes) = src[0, bytes). Where the SIMD target has non-temporal stores (x86, AVX2 and
+// later) the bytes from dst's first 64-byte boundary on are streamed (the head and the tail by
+// memcpy); elsewhere, and for copies under 64 bytes past that boundary, it is memcpy. Streamed stores are weakly ordered: a thread that streams ends its
 // share with FlushStreamingStores() before other threads read what it wrote.
 void StreamCopy(void* dst, const void* src, size_t bytes);
 

@@ -1,6 +1,6 @@
 // MoeFinalizeRouting's kernels with non-temporal stores write the bytes of the plain ones:
-// every SIMD target, every (y, out / gradOut, gradExpandedY) dtype, slot counts, widths with a
-// one-vector step and a scalar tail, output rows aligned (streamed) and not (plain stores);
+// every SIMD target, every (y, out / gradOut, gradExpandedY) dtype, slot counts, widths with and
+// without a one-vector step (48, 112: on 16-lane targets too) and a scalar tail, output rows aligned (streamed) and not (plain stores);
 // and the plans stream exactly when the bytes moved outgrow the last-level cache.
 #include <gtest/gtest.h>
 
@@ -59,7 +59,7 @@ TEST_P(MoeFinalizeKernelsTest, StreamedGradSlotsWriteThePlainBytes) {
     for (DType gy_dtype : {DType::kF32, y_dtype}) {
       for (DType g_dtype : {DType::kF32, y_dtype}) {
         for (int64_t count = 1; count <= kMoeFinalizeBackwardSlots; ++count) {
-          for (int64_t n : {1, 7, 64, 200, 333}) {
+          for (int64_t n : {1, 7, 48, 64, 112, 200, 333}) {
             for (int64_t offset : {0, 1}) {  // 1: the grad_y rows are not vector-aligned
               Rows y(y_dtype, count, 1), g(g_dtype, 1, 2);
               Rows plain(gy_dtype, count, 3), streamed(gy_dtype, count, 3);
@@ -100,7 +100,7 @@ TEST_P(MoeFinalizeKernelsTest, StreamedWeightedSumWritesThePlainBytes) {
   for (DType y_dtype : kFloats) {
     for (DType out_dtype : {DType::kF32, y_dtype}) {
       for (int64_t count : {int64_t{1}, int64_t{3}, kMoeFinalizeForwardSlots}) {
-        for (int64_t n : {1, 7, 64, 200, 333}) {
+        for (int64_t n : {1, 7, 48, 64, 112, 200, 333}) {
           for (int64_t offset : {0, 1}) {
             Rows y(y_dtype, count, 4), plain(out_dtype, 1, 5), streamed(out_dtype, 1, 5);
             std::vector<const void*> rows(count);
