@@ -10,8 +10,9 @@ namespace gk {
 
 // dst[0, bytes) = src[0, bytes). Where the SIMD target has non-temporal stores (x86, AVX2 and
 // later) the bytes from dst's first 64-byte boundary on are streamed (the head and the tail by
-// memcpy); elsewhere, and for copies under 64 bytes past that boundary, it is memcpy. Streamed stores are weakly ordered: a thread that streams ends its
-// share with FlushStreamingStores() before other threads read what it wrote.
+// memcpy); elsewhere, and for copies under two vectors past that boundary, it is memcpy.
+// Streamed stores are weakly ordered: a thread that streams ends its share with
+// FlushStreamingStores() before other threads read what it wrote.
 void StreamCopy(void* dst, const void* src, size_t bytes);
 
 // The fence after non-temporal stores (sfence on x86; nothing elsewhere).
