@@ -32,6 +32,8 @@ gkStatus StatusOfCurrentException(std::string_view api) noexcept {
     } catch (const std::length_error& e) {
       return Fail(GK_ERROR_RUNTIME, api,
                   "out of memory: a size past what can be allocated was asked for ({})", e.what());
+    } catch (const ConfigError& e) {
+      return Fail(GK_ERROR_PARAM_INVALID, api, "{}", e.what());
     } catch (const std::exception& e) {
       return Fail(GK_ERROR_INTERNAL, api, "internal error: {}", e.what());
     } catch (...) {

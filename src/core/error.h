@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <stdexcept>
 #include <string>
 
 #include "gradkit/base.h"
@@ -21,6 +22,14 @@ gkStatus Fail(gkStatus status, std::string_view api, fmt::format_string<Args...>
   SetRecentError(fmt::format("{}: {}", api, fmt::format(format, std::forward<Args>(args)...)));
   return status;
 }
+
+// A setting of the caller's that gradkit cannot honour (an environment variable with a value it
+// does not know), found where a status cannot be returned directly: the C boundary turns it into
+// GK_ERROR_PARAM_INVALID with this message.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // Evaluates a check returning gkStatus and returns from the caller when it failed.
 #define GK_RETURN_IF_ERROR(expr)               \

@@ -11,6 +11,7 @@
 #include <exception>
 
 #include "core/cpu_info.h"
+#include "core/error.h"
 #include "tools/gradkit/cli_util.h"
 #include "tools/gradkit/commands.h"
 
@@ -123,6 +124,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gradkit: error: %s\n", e.what());
     return 2;
   } catch (const gk::cli::CliError& e) {
+    std::fprintf(stderr, "gradkit: error: %s\n", e.what());
+    return 2;
+  } catch (const gk::ConfigError& e) {
     std::fprintf(stderr, "gradkit: error: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {

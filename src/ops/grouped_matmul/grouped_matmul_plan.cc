@@ -110,7 +110,7 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
 GroupedMatmulMachine GroupedMatmulMachineOf(const MoeTileGemm& gemm, const MoeTileGemmShape& shape,
                                             int32_t threads) {
   GroupedMatmulMachine machine{threads, gemm.scratchpad_bytes(), gemm.name(), {},
-                               gemm.packs_b(), gemm.prepares_b_from_kn()};
+                               gemm.packs_b(), gemm.prepares_b_from_kn(), gemm.row_granule()};
   for (int64_t width : shape.widths) machine.gemm_impls.emplace_back(width, gemm.impl(width));
   return machine;
 }
@@ -133,7 +133,7 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
   p.base_m = t.base_m;
   p.base_n = t.base_n;
   p.reduce = t.reduce;
-  p.row_granule = kGroupedMatmulRowGranule;
+  p.row_granule = machine.gemm_row_granule;
   p.row_blocks = t.row_blocks;
   p.last_block_rows = t.last_block_rows;
   p.col_blocks = t.col_blocks;

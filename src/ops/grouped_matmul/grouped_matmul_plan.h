@@ -64,6 +64,7 @@ struct GroupedMatmulMachine {
   std::vector<std::pair<int64_t, std::string>> gemm_impls;  // per column width
   bool packs_b = false;          // the GEMM packs each prepared B once (Worker::PrepareB)
   bool packs_b_from_kn = false;  // ... and packs [K, N] weight rows itself (no transposed copy)
+  int64_t gemm_row_granule = kGroupedMatmulRowGranule;  // GEMM rows padded to this (MoeTileGemm)
 };
 
 struct GroupedMatmulRegion {

@@ -276,9 +276,7 @@ extern "C" gkStatus gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(
     GK_RETURN_IF_ERROR(CheckMoeGrad(kPhase1, args, &shape));
     const MoeTileGemmShape gemm_shape = MoeGradTileGemmShape(shape);
     auto gemm = MoeTileGemm::Create(gemm_shape);
-    MoeGradMachine machine{ConfiguredThreads(), gemm->scratchpad_bytes(), gemm->name(), {}};
-    for (int64_t width : gemm_shape.widths) machine.gemm_impls.emplace_back(width, gemm->impl(width));
-    const MoeGradPlan plan = MakeMoeGradPlan(shape, machine);
+    const MoeGradPlan plan = MakeMoeGradPlan(shape, MoeGradMachineOf(*gemm, gemm_shape));
     *executor = new MoeGradExecutor(plan, std::move(gemm), *gradY, *weight, *expandedRowIdx,
                                     *groupList, *gradX);
     *workspaceSize = plan.workspace_bytes;

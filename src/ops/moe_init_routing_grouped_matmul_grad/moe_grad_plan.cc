@@ -104,8 +104,11 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape) {
   // k-blocks: a thread's A tile, the library's packed B and (when copied) its B tile stay
   // within kMoeGradThreadOperandBytes, whatever N. The whole reduction in one call when it fits
   // (gradY rows are then read in place); else k-blocks, whose B is always copied.
+  // The packed B counts as float32 whatever the dtype: gradkit's own kernel widens bfloat16
+  // weights once, at packing (cpu/moe_grad_microkernel.h).
   const uint64_t gemm_elem = static_cast<uint64_t>(ElementBytes(tiles.gemm_dtype));
-  const uint64_t a_and_packed = static_cast<uint64_t>(kMoeGradBestBaseM + kMoeGradBestBaseN) * gemm_elem;
+  const uint64_t a_and_packed = static_cast<uint64_t>(kMoeGradBestBaseM) * gemm_elem +
+                                static_cast<uint64_t>(kMoeGradBestBaseN) * sizeof(float);
   const uint64_t copied_b = kMoeGradBestBaseN * gemm_elem;
   const uint64_t whole = (a_and_packed + (shape.dtype == DType::kF16 ? copied_b : 0)) *
                          static_cast<uint64_t>(shape.n);
@@ -185,12 +188,16 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape) {
   return g;
 }
 
+MoeGradMachine MoeGradMachineOf(const MoeTileGemm& gemm, const MoeTileGemmShape& shape) {
+  MoeGradMachine machine{ConfiguredThreads(), gemm.scratchpad_bytes(), gemm.name(), {},
+                         gemm.row_granule()};
+  for (int64_t width : shape.widths) machine.gemm_impls.emplace_back(width, gemm.impl(width));
+  return machine;
+}
+
 MoeGradMachine DetectMoeGradMachine(const MoeGradShape& shape) {
   const MoeTileGemmShape gemm_shape = MoeGradTileGemmShape(shape);
-  const auto gemm = MoeTileGemm::Create(gemm_shape);
-  MoeGradMachine machine{ConfiguredThreads(), gemm->scratchpad_bytes(), gemm->name(), {}};
-  for (int64_t width : gemm_shape.widths) machine.gemm_impls.emplace_back(width, gemm->impl(width));
-  return machine;
+  return MoeGradMachineOf(*MoeTileGemm::Create(gemm_shape), gemm_shape);
 }
 
 MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& machine) {
@@ -205,7 +212,7 @@ MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& mac
   p.base_k = tiles.base_k;
   p.k_blocks = tiles.k_blocks;
   p.last_k = tiles.last_k;
-  p.row_granule = kMoeGradRowGranule;
+  p.row_granule = machine.gemm_row_granule;
   p.parall_num = kMoeGradParallNum;
   p.col_blocks = tiles.col_blocks;
   p.last_block_cols = tiles.last_block_cols;

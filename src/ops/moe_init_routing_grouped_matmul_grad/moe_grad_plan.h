@@ -51,6 +51,7 @@ struct MoeGradMachine {
   uint64_t gemm_scratchpad_bytes;  // the GEMM library's per-thread scratch (the seed's system area)
   std::string gemm_backend;        // the library, e.g. "onednn"
   std::vector<std::pair<int64_t, std::string>> gemm_impls;  // per column width: its implementation
+  int64_t gemm_row_granule = kMoeGradRowGranule;  // GEMM rows are padded to this (MoeTileGemm)
 };
 
 struct MoeGradRegion {
@@ -84,7 +85,7 @@ struct MoeGradPlan {
   int64_t base_k;             // reduction length per GEMM call (last k-block: last_k)
   int64_t k_blocks;           // ceil(N / base_k), summed in ascending order
   int64_t last_k;             // N - (k_blocks - 1) * base_k
-  int64_t row_granule;        // tail tiles rounded up to this many rows
+  int64_t row_granule;        // tail tiles rounded up to this many rows (the GEMM's; 1: none)
   int64_t parall_num;         // ring slots per thread (tiles in flight per k-block pass)
   int32_t threads;            // the machine's threads, at most one per unit
   int32_t machine_threads;    // the machine's threads (load_balance counts idle ones)
@@ -105,6 +106,8 @@ struct MoeGradPlan {
 };
 
 MoeGradMachine DetectMoeGradMachine(const MoeGradShape& shape);  // threads + the GEMM library
+// The machine with the GEMM the executor will run (made for `shape`, MoeGradTileGemmShape).
+MoeGradMachine MoeGradMachineOf(const MoeTileGemm& gemm, const MoeTileGemmShape& shape);
 MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& machine);
 std::string MoeGradPlanToJson(const MoeGradPlan& plan);
 

@@ -9,11 +9,14 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <string_view>
 #include <unordered_map>
 
+#include "core/error.h"
 #include "core/plan_math.h"
 #include "core/thread_pool.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_kernels.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 
 #if defined(GRADKIT_HAVE_DNNL)
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_dnnl.h"
@@ -27,45 +30,107 @@ namespace gk {
 namespace {
 
 // ---- gradkit's own kernel ----------------------------------------------------------------------
-class OwnTileGemm final : public MoeTileGemm {
+// The register-blocked micro-kernel (moe_grad_microkernel.h) over B packed into its panels: once
+// per caller's B with shape.prepared_b, else on every call.
+class MicroTileGemm final : public MoeTileGemm {
  public:
-  explicit OwnTileGemm(const MoeTileGemmShape& shape) : shape_(shape) {}
+  explicit MicroTileGemm(const MoeTileGemmShape& shape) : shape_(shape) {
+    uint64_t packed = 0;
+    for (const int64_t width : shape.widths) {
+      for (const auto& step : shape.steps) {
+        packed = std::max(packed, MoeMicroPackedBytes(width, step.reduce));
+      }
+    }
+    packed_bytes_ = static_cast<uint64_t>(RoundUp(static_cast<int64_t>(packed), 64));
+    a_bytes_ = static_cast<uint64_t>(
+        RoundUp(static_cast<int64_t>(MoeMicroAScratchBytes(shape.gemm_dtype, shape.max_rows)), 64));
+  }
   std::string name() const override { return "gradkit"; }
-  std::string impl(int64_t) const override { return "highway"; }
-  uint64_t scratchpad_bytes() const override { return 0; }
+  std::string impl(int64_t) const override {
+    return fmt::format("microkernel {}x{}, B packed {}", 6, MoeMicroPanelWidth(),
+                       shape_.prepared_b ? "once per block" : "per call");
+  }
+  // The packed B, then A widened to float32 (bfloat16).
+  uint64_t scratchpad_bytes() const override { return packed_bytes_ + a_bytes_; }
+  int64_t row_granule() const override { return 1; }
+  bool packs_b() const override { return shape_.prepared_b; }
+  bool prepares_b_from_kn() const override { return shape_.prepared_b && shape_.ldb_kn > 0; }
 
-  class OwnWorker final : public Worker {
+  class MicroWorker final : public Worker {
    public:
-    explicit OwnWorker(const MoeTileGemmShape& shape) : shape_(shape) {}
+    MicroWorker(const MicroTileGemm& gemm, void* scratchpad)
+        : gemm_(gemm),
+          packed_(static_cast<float*>(scratchpad)),
+          a_scratch_(reinterpret_cast<float*>(static_cast<char*>(scratchpad) + gemm.packed_bytes_)) {}
+    const void* PrepareB(int64_t width, int64_t reduce, const void* b) override {
+      if (!gemm_.shape_.prepared_b) return b;
+      MoeMicroPackB(gemm_.shape_.gemm_dtype, width, reduce, b, gemm_.shape_.LdbOf(reduce), false, packed_);
+      return packed_;
+    }
+    const void* PrepareBFromKN(int64_t width, int64_t reduce, const void* b_kn) override {
+      if (!gemm_.prepares_b_from_kn()) {
+        throw std::logic_error("MoE tile GEMM: B^T rows were not prepared for");
+      }
+      MoeMicroPackB(gemm_.shape_.gemm_dtype, width, reduce, b_kn, gemm_.shape_.ldb_kn, true, packed_);
+      return packed_;
+    }
     void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
              const void* b, float* c) override {
-      MoeGemmTileOwn(shape_.gemm_dtype, rows, width, reduce, a, shape_.LdaOf(reduce), b,
-                     shape_.LdbOf(reduce), c, shape_.ldc, accumulate);
+      const MoeTileGemmShape& shape = gemm_.shape_;
+      if (!shape.prepared_b) {
+        MoeMicroPackB(shape.gemm_dtype, width, reduce, b, shape.LdbOf(reduce), false, packed_);
+        b = packed_;
+      }
+      MoeMicroGemm(shape.gemm_dtype, rows, width, reduce, a, shape.LdaOf(reduce),
+                   static_cast<const float*>(b), c, shape.ldc, accumulate, a_scratch_);
     }
 
    private:
-    const MoeTileGemmShape& shape_;
+    const MicroTileGemm& gemm_;
+    float* packed_;
+    float* a_scratch_;
   };
-  std::unique_ptr<Worker> MakeWorker(void*) const override {
-    return std::make_unique<OwnWorker>(shape_);
+  std::unique_ptr<Worker> MakeWorker(void* scratchpad) const override {
+    return std::make_unique<MicroWorker>(*this, scratchpad);
   }
 
  private:
   MoeTileGemmShape shape_;
+  uint64_t packed_bytes_ = 0, a_bytes_ = 0;
 };
 
-class OwnDenseGemm final : public MoeDenseGemm {
+// The whole GEMM on the micro-kernel: B packed once (in parallel, by panels), then blocks of
+// rows x columns spread over the threads.
+class MicroDenseGemm final : public MoeDenseGemm {
  public:
-  OwnDenseGemm(DType dtype, int64_t m, int64_t reduce, int64_t width, int32_t threads)
+  MicroDenseGemm(DType dtype, int64_t m, int64_t reduce, int64_t width, int32_t threads)
       : dtype_(dtype), m_(m), reduce_(reduce), width_(width), threads_(threads) {}
-  std::string name() const override { return "gradkit highway"; }
+  std::string name() const override {
+    return fmt::format("gradkit microkernel 6x{}", MoeMicroPanelWidth());
+  }
   void Run(const void* a, const void* b, float* c, int64_t ldc) const override {
-    constexpr int64_t kRows = 64;
+    constexpr int64_t kRows = 256;
+    const int64_t nr = MoeMicroPanelWidth();
+    const int64_t cols = 8 * nr;  // a column block: whole panels
     const int64_t elem = ElementBytes(dtype_);
-    ParallelFor(threads_, (m_ + kRows - 1) / kRows, [&](int64_t block) {
-      const int64_t r0 = block * kRows, rows = std::min(kRows, m_ - r0);
-      MoeGemmTileOwn(dtype_, rows, width_, reduce_, static_cast<const char*>(a) + r0 * reduce_ * elem,
-                     reduce_, b, reduce_, c + r0 * ldc, ldc, /*accumulate=*/false);
+    std::vector<float> packed(MoeMicroPackedBytes(width_, reduce_) / sizeof(float));
+    const int64_t panels = CeilDiv(width_, nr);
+    ParallelFor(threads_, panels, [&](int64_t p) {
+      MoeMicroPackB(dtype_, std::min(nr, width_ - p * nr), reduce_,
+                    static_cast<const char*>(b) + p * nr * reduce_ * elem, reduce_, false,
+                    packed.data() + p * nr * reduce_);
+    });
+    const int64_t row_blocks = CeilDiv(m_, kRows), col_blocks = CeilDiv(width_, cols);
+    const uint64_t a_floats = MoeMicroAScratchBytes(dtype_, kRows) / sizeof(float);
+    std::vector<float> scratch(a_floats * static_cast<uint64_t>(threads_));
+    ParallelFor(threads_, threads_, [&](int64_t t) {
+      for (int64_t unit = t; unit < row_blocks * col_blocks; unit += threads_) {
+        const int64_t r0 = unit / col_blocks * kRows, c0 = unit % col_blocks * cols;
+        MoeMicroGemm(dtype_, std::min(kRows, m_ - r0), std::min(cols, width_ - c0), reduce_,
+                     static_cast<const char*>(a) + r0 * reduce_ * elem, reduce_,
+                     packed.data() + c0 * reduce_, c + r0 * ldc + c0, ldc, /*accumulate=*/false,
+                     scratch.data() + t * a_floats);
+      }
     });
   }
 
@@ -225,6 +290,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
   }
   // The packed B (when used) first, then the library's scratchpad.
   uint64_t scratchpad_bytes() const override { return packed_b_bytes_ + scratchpad_bytes_; }
+  int64_t row_granule() const override { return shape_.row_granule; }
   bool packs_b() const override { return packed_b_; }
   bool prepares_b_from_kn() const override { return packed_b_ && packs_from_kn_; }
 
@@ -549,19 +615,53 @@ class OneDnnDenseGemm final : public MoeDenseGemm {
   dnnl::matmul::primitive_desc pd_;
   dnnl::matmul primitive_;
 };
+// Whether oneDNN runs the shape's main call (widest block, first k-block, most rows) on a brgemm
+// kernel: AVX-512 machines (AMX for bfloat16 where the CPU has it). Elsewhere (AVX2) its float32
+// GEMM is gemm:jit, which packs both operands on every call, and it has no bfloat16 GEMM: the own
+// micro-kernel measured faster there (docs/benchmarks.md). A property of the CPU and the library.
+bool OneDnnRunsBrgemm(const MoeTileGemmShape& shape) {
+  if (shape.widths.empty() || shape.steps.empty()) return false;
+  try {
+    const OmpThreadsScope one(1);
+    const MoeTileGemmShape::Step& step = shape.steps.front();
+    const int64_t rows = RoundUp(shape.max_rows, shape.row_granule);
+    const dnnl::matmul::primitive_desc pd =
+        MatmulDesc(shape.gemm_dtype, rows, step.reduce, shape.widths.front(), shape.LdaOf(step.reduce),
+                   shape.LdbOf(step.reduce), shape.ldc, step.accumulate, /*user_scratchpad=*/true,
+                   /*packed_b=*/shape.prepared_b && kPackBOnce);
+    return std::string_view(pd.impl_info_str()).substr(0, 3) == "brg";
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
 #endif  // GRADKIT_HAVE_DNNL
 
 }  // namespace
 
+MoeTileGemmChoice MoeTileGemmChoiceFromEnv() {
+  const char* value = std::getenv("GRADKIT_GEMM");
+  if (value == nullptr || *value == '\0' || std::string_view(value) == "auto") return MoeTileGemmChoice::kAuto;
+  if (std::string_view(value) == "onednn") return MoeTileGemmChoice::kOneDnn;
+  if (std::string_view(value) == "gradkit") return MoeTileGemmChoice::kGradkit;
+  throw ConfigError(fmt::format(
+      "environment variable GRADKIT_GEMM = \"{}\": must be auto, onednn or gradkit", value));
+}
+
 std::unique_ptr<MoeTileGemm> MoeTileGemm::Create(const MoeTileGemmShape& shape) {
+  const MoeTileGemmChoice choice = MoeTileGemmChoiceFromEnv();
 #if defined(GRADKIT_HAVE_DNNL)
-  try {
-    return std::make_unique<OneDnnTileGemm>(shape);
-  } catch (const dnnl::error&) {
-    // The library does not take this shape or dtype on this CPU: the own kernel does.
+  if (choice == MoeTileGemmChoice::kOneDnn ||
+      (choice == MoeTileGemmChoice::kAuto && OneDnnRunsBrgemm(shape))) {
+    try {
+      return std::make_unique<OneDnnTileGemm>(shape);
+    } catch (const dnnl::error&) {
+      // The library does not take this shape or dtype on this CPU: the own kernel does.
+    }
   }
+#else
+  (void)choice;
 #endif
-  return std::make_unique<OwnTileGemm>(shape);
+  return std::make_unique<MicroTileGemm>(shape);
 }
 
 std::unique_ptr<MoeDenseGemm> MoeDenseGemm::Create(DType gemm_dtype, int64_t m, int64_t reduce,
@@ -572,7 +672,7 @@ std::unique_ptr<MoeDenseGemm> MoeDenseGemm::Create(DType gemm_dtype, int64_t m, 
   } catch (const dnnl::error&) {
   }
 #endif
-  return std::make_unique<OwnDenseGemm>(gemm_dtype, m, reduce, width, threads);
+  return std::make_unique<MicroDenseGemm>(gemm_dtype, m, reduce, width, threads);
 }
 
 GemmSequentialScope::GemmSequentialScope() : saved_threads_(1) {

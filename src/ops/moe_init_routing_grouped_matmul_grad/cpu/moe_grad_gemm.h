@@ -1,6 +1,7 @@
 // The GEMM behind every MoE tile, and behind the benchmark's dense ceiling: oneDNN's matmul
-// (brgemm; AMX for bfloat16 where the CPU has it) when gradkit is built with it, else gradkit's
-// own Highway kernel. oneDNN headers stay inside moe_grad_gemm.cc.
+// (brgemm; AMX for bfloat16 where the CPU has it) when gradkit is built with it and the CPU has
+// brgemm kernels, else gradkit's own register-blocked micro-kernel (moe_grad_microkernel.h).
+// oneDNN headers stay inside moe_grad_gemm.cc.
 #pragma once
 
 #include <cstdint>
@@ -50,13 +51,21 @@ struct MoeTileGemmShape {
 class MoeTileGemm {
  public:
   virtual ~MoeTileGemm() = default;
-  // oneDNN when built with it and it accepts every call of the shape, else the own kernel.
-  // Every kernel is generated here (phase 1), for one thread: the library sizes its scratchpad
-  // and blocking for the single thread each call runs on.
+  // By MoeTileGemmChoiceFromEnv: auto (the default) takes oneDNN where it is built in and runs
+  // the shape on its brgemm kernels (AVX-512), else gradkit's micro-kernel
+  // (moe_grad_microkernel.h: AVX2, and every dtype oneDNN has no GEMM for); onednn takes oneDNN
+  // wherever it accepts every call of the shape; gradkit always the micro-kernel. oneDNN's kernels
+  // are all generated here (phase 1), for one thread: the library sizes its scratchpad and
+  // blocking for the single thread each call runs on. Throws ConfigError (core/error.h) for a
+  // bad GRADKIT_GEMM.
   static std::unique_ptr<MoeTileGemm> Create(const MoeTileGemmShape& shape);
   virtual std::string name() const = 0;                     // the library, e.g. "onednn"
   virtual std::string impl(int64_t width) const = 0;        // its implementation for that width
   virtual uint64_t scratchpad_bytes() const = 0;            // per calling thread
+  // Run's row counts must be multiples of this: the shape's row_granule where kernels are
+  // prepared per row count (oneDNN), 1 where any count runs (the own kernel: callers then pad
+  // nothing).
+  virtual int64_t row_granule() const = 0;
   // Whether Worker::PrepareB packs B (else it hands b back and every Run reads it as it is).
   virtual bool packs_b() const { return false; }
   // Whether Worker::PrepareBFromKN packs from shape.ldb_kn rows (else the caller transposes B).
@@ -82,6 +91,11 @@ class MoeTileGemm {
   // scratchpad: scratchpad_bytes() bytes owned by the calling thread for the worker's life.
   virtual std::unique_ptr<Worker> MakeWorker(void* scratchpad) const = 0;
 };
+
+// The tile GEMM asked for by the environment variable GRADKIT_GEMM: unset, "" or "auto",
+// "onednn", "gradkit"; any other value throws ConfigError naming it.
+enum class MoeTileGemmChoice { kAuto, kOneDnn, kGradkit };
+MoeTileGemmChoice MoeTileGemmChoiceFromEnv();
 
 // The C columns of a tile GEMM cut into blocks: `blocks` of `base` columns, the last one `last`.
 struct MoeTileColumns {

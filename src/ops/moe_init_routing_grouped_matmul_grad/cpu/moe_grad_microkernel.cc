@@ -1,0 +1,376 @@
+// gradkit's own tile GEMM (see moe_grad_microkernel.h), compiled once per Highway target.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/aligned_allocator.h>
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+
+#include "core/cpu/convert-inl.h"
+#include "core/plan_math.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
+
+#ifndef GK_MOE_MICROKERNEL_CONSTANTS
+#define GK_MOE_MICROKERNEL_CONSTANTS
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
+namespace gk {
+namespace {
+constexpr int64_t kMicroRows = kMoeMicroRows;
+constexpr int64_t kKc = kMoeMicroReduceBlock;
+// Columns gathered together when B is packed from its [width, reduce] rows (one 32-bit gather).
+constexpr int64_t kGatherRows = 8;
+constexpr int64_t kPrefetchBytes = 512;
+}  // namespace
+}  // namespace gk
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace gk {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+HWY_NOINLINE int64_t MicroPanelWidth() {
+  return 2 * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+}
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+// float32 columns [0, 8 * (cols / 8)) of a panel from B's rows by 8 x 8 register transposes
+// (4.5 shuffles per 8 values, against a gather's 8 loads): 8 rows read side by side, 8 values
+// of each per step. Returns the columns done.
+HWY_INLINE int64_t PackPanelFromRowsF32x8(const uint8_t* b, int64_t row_bytes, int64_t n0,
+                                          int64_t cols, int64_t reduce, int64_t nr, float* panel) {
+  const hn::FixedTag<float, 8> d;
+  const hn::Repartition<double, decltype(d)> dd;
+  int64_t n = 0;
+  for (; n + 8 <= cols; n += 8) {
+    const float* row[8];
+    for (int r = 0; r < 8; ++r) row[r] = reinterpret_cast<const float*>(b + (n0 + n + r) * row_bytes);
+    int64_t k = 0;
+    for (; k + 8 <= reduce; k += 8) {
+      if (k % 16 == 0) {  // weights often come cold: each row's bytes ahead
+        for (int r = 0; r < 8; ++r) hwy::Prefetch(row[r] + k + kPrefetchBytes / 4);
+      }
+      const auto r0 = hn::LoadU(d, row[0] + k), r1 = hn::LoadU(d, row[1] + k);
+      const auto r2 = hn::LoadU(d, row[2] + k), r3 = hn::LoadU(d, row[3] + k);
+      const auto r4 = hn::LoadU(d, row[4] + k), r5 = hn::LoadU(d, row[5] + k);
+      const auto r6 = hn::LoadU(d, row[6] + k), r7 = hn::LoadU(d, row[7] + k);
+      // Pairs of rows interleaved (per 128-bit half), then pairs of pairs, then the halves.
+      const auto t0 = hn::BitCast(dd, hn::InterleaveLower(d, r0, r1));
+      const auto t1 = hn::BitCast(dd, hn::InterleaveUpper(d, r0, r1));
+      const auto t2 = hn::BitCast(dd, hn::InterleaveLower(d, r2, r3));
+      const auto t3 = hn::BitCast(dd, hn::InterleaveUpper(d, r2, r3));
+      const auto t4 = hn::BitCast(dd, hn::InterleaveLower(d, r4, r5));
+      const auto t5 = hn::BitCast(dd, hn::InterleaveUpper(d, r4, r5));
+      const auto t6 = hn::BitCast(dd, hn::InterleaveLower(d, r6, r7));
+      const auto t7 = hn::BitCast(dd, hn::InterleaveUpper(d, r6, r7));
+      // u_j: value j (lower half) and j + 4 (upper half) of rows 0-3 / 4-7.
+      const auto u0 = hn::BitCast(d, hn::InterleaveLower(dd, t0, t2));
+      const auto u1 = hn::BitCast(d, hn::InterleaveUpper(dd, t0, t2));
+      const auto u2 = hn::BitCast(d, hn::InterleaveLower(dd, t1, t3));
+      const auto u3 = hn::BitCast(d, hn::InterleaveUpper(dd, t1, t3));
+      const auto v0 = hn::BitCast(d, hn::InterleaveLower(dd, t4, t6));
+      const auto v1 = hn::BitCast(d, hn::InterleaveUpper(dd, t4, t6));
+      const auto v2 = hn::BitCast(d, hn::InterleaveLower(dd, t5, t7));
+      const auto v3 = hn::BitCast(d, hn::InterleaveUpper(dd, t5, t7));
+      float* out = panel + k * nr + n;
+      hn::StoreU(hn::ConcatLowerLower(d, v0, u0), d, out + 0 * nr);
+      hn::StoreU(hn::ConcatLowerLower(d, v1, u1), d, out + 1 * nr);
+      hn::StoreU(hn::ConcatLowerLower(d, v2, u2), d, out + 2 * nr);
+      hn::StoreU(hn::ConcatLowerLower(d, v3, u3), d, out + 3 * nr);
+      hn::StoreU(hn::ConcatUpperUpper(d, v0, u0), d, out + 4 * nr);
+      hn::StoreU(hn::ConcatUpperUpper(d, v1, u1), d, out + 5 * nr);
+      hn::StoreU(hn::ConcatUpperUpper(d, v2, u2), d, out + 6 * nr);
+      hn::StoreU(hn::ConcatUpperUpper(d, v3, u3), d, out + 7 * nr);
+    }
+    for (; k < reduce; ++k) {
+      for (int r = 0; r < 8; ++r) panel[k * nr + n + r] = row[r][k];
+    }
+  }
+  return n;
+}
+#endif
+
+// One panel (up to NR columns starting at n0) from B's [width, reduce] rows: column n's row is
+// read from start to end, kGatherRows rows at a time, one 32-bit gather per reduction element
+// (float32) or pair of elements (bfloat16, split into the two float32 values).
+template <class Storage>
+void PackPanelFromRows(const uint8_t* b, int64_t row_bytes, int64_t n0, int64_t cols,
+                       int64_t reduce, int64_t nr, float* panel) {
+  constexpr bool kBf16 = std::is_same_v<Storage, Bf16Storage>;
+  constexpr int64_t kElem = kBf16 ? 2 : 4;
+  const hn::CappedTag<uint32_t, kGatherRows> du;
+  const hn::RebindToSigned<decltype(du)> di;
+  const hn::Rebind<float, decltype(du)> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(du));
+  const auto scalar = [&](int64_t n, int64_t k) {
+    const uint8_t* at = b + (n0 + n) * row_bytes + k * kElem;
+    if constexpr (kBf16) {
+      uint16_t bits;
+      std::memcpy(&bits, at, 2);
+      return F32FromBf16(bits);
+    } else {
+      float value;
+      std::memcpy(&value, at, 4);
+      return value;
+    }
+  };
+  int64_t n = 0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  if constexpr (!kBf16) n = PackPanelFromRowsF32x8(b, row_bytes, n0, cols, reduce, nr, panel);
+#endif
+  if (lanes * row_bytes <= INT32_MAX) {
+    const auto offsets = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(row_bytes)));
+    const int64_t pairs = kBf16 ? reduce / 2 : reduce;  // 32-bit words wholly inside each row
+    for (; n + lanes <= cols; n += lanes) {
+      const uint8_t* rows = b + (n0 + n) * row_bytes;
+      for (int64_t w = 0; w < pairs; ++w) {
+        if (w % 16 == 0) {  // weights often come cold: each row's bytes ahead
+          for (int64_t r = 0; r < lanes; ++r) hwy::Prefetch(rows + r * row_bytes + w * 4 + kPrefetchBytes);
+        }
+        const auto word = hn::GatherOffset(du, reinterpret_cast<const uint32_t*>(rows + w * 4), offsets);
+        if constexpr (kBf16) {
+          hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(word)), df, panel + 2 * w * nr + n);
+          hn::StoreU(hn::BitCast(df, hn::And(word, hn::Set(du, 0xffff0000u))), df,
+                     panel + (2 * w + 1) * nr + n);
+        } else {
+          hn::StoreU(hn::BitCast(df, word), df, panel + w * nr + n);
+        }
+      }
+      for (int64_t k = kBf16 ? 2 * pairs : pairs; k < reduce; ++k) {
+        for (int64_t q = 0; q < lanes; ++q) panel[k * nr + n + q] = scalar(n + q, k);
+      }
+    }
+  }
+  for (; n < cols; ++n) {
+    for (int64_t k = 0; k < reduce; ++k) panel[k * nr + n] = scalar(n, k);
+  }
+}
+
+// One panel from B's transpose, [reduce, width] rows: each reduction element's NR values are
+// consecutive there.
+template <class Storage>
+void PackPanelFromKN(const typename Storage::Lane* b, int64_t ldb, int64_t n0, int64_t cols,
+                     int64_t reduce, int64_t nr, float* panel) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t k = 0; k < reduce; ++k) {
+    const typename Storage::Lane* row = b + k * ldb + n0;
+    float* out = panel + k * nr;
+    int64_t n = 0;
+    for (; n + lanes <= cols; n += lanes) hn::StoreU(LoadAsF32<Storage>(df, row + n), df, out + n);
+    for (; n < cols; ++n) {
+      if constexpr (std::is_same_v<Storage, Bf16Storage>) {
+        out[n] = F32FromBf16(reinterpret_cast<const uint16_t*>(row)[n]);
+      } else {
+        out[n] = row[n];
+      }
+    }
+  }
+}
+
+template <class Storage>
+void PackB(int64_t width, int64_t reduce, const void* b, int64_t ldb, bool kn, float* dst) {
+  const int64_t nr = MicroPanelWidth();
+  const int64_t elem = sizeof(typename Storage::Lane);
+  for (int64_t n0 = 0; n0 < width; n0 += nr) {
+    const int64_t cols = std::min(nr, width - n0);
+    float* panel = dst + n0 * reduce;  // = (n0 / nr) * reduce * nr
+    if (cols < nr) {
+      for (int64_t k = 0; k < reduce; ++k) std::fill(panel + k * nr + cols, panel + (k + 1) * nr, 0.0f);
+    }
+    if (kn) {
+      PackPanelFromKN<Storage>(static_cast<const typename Storage::Lane*>(b), ldb, n0, cols, reduce,
+                               nr, panel);
+    } else {
+      PackPanelFromRows<Storage>(static_cast<const uint8_t*>(b), ldb * elem, n0, cols, reduce, nr,
+                                 panel);
+    }
+  }
+}
+
+HWY_NOINLINE void MicroPackB(DType gemm_dtype, int64_t width, int64_t reduce, const void* b,
+                             int64_t ldb, bool kn, float* dst) {
+  if (gemm_dtype == DType::kBF16) {
+    PackB<Bf16Storage>(width, reduce, b, ldb, kn, dst);
+  } else {
+    PackB<F32Storage>(width, reduce, b, ldb, kn, dst);
+  }
+}
+
+// C[MR, NR] (+)= A[MR, kc] (row stride lda) * panel[kc, NR]: MR x 2 accumulator vectors, one
+// fused multiply-add chain per element over k ascending.
+template <int MR>
+HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda,
+                            const float* HWY_RESTRICT panel, float* HWY_RESTRICT c, int64_t ldc,
+                            bool load_c) {
+  const hn::ScalableTag<float> df;
+  using V = hn::Vec<decltype(df)>;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t nr = 2 * lanes;
+  V lo[MR], hi[MR];
+  const float* row[MR];
+  for (int r = 0; r < MR; ++r) {
+    row[r] = a + r * lda;
+    lo[r] = load_c ? hn::LoadU(df, c + r * ldc) : hn::Zero(df);
+    hi[r] = load_c ? hn::LoadU(df, c + r * ldc + lanes) : hn::Zero(df);
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const V b0 = hn::LoadU(df, panel + k * nr);
+    const V b1 = hn::LoadU(df, panel + k * nr + lanes);
+    for (int r = 0; r < MR; ++r) {
+      const V av = hn::Set(df, row[r][k]);
+      lo[r] = hn::MulAdd(av, b0, lo[r]);
+      hi[r] = hn::MulAdd(av, b1, hi[r]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    hn::StoreU(lo[r], df, c + r * ldc);
+    hn::StoreU(hi[r], df, c + r * ldc + lanes);
+  }
+}
+
+template <int MR>
+HWY_NOINLINE void MicroBlockNarrow(int64_t kc, const float* a, int64_t lda, const float* panel,
+                                   float* c, int64_t ldc, int64_t cols, bool load_c);
+
+// A register block of MR rows and `cols` <= NR columns: a narrower panel runs through a local
+// tile (its padding columns are zeros in the panel, their sums dropped).
+template <int MR>
+HWY_INLINE void MicroBlock(int64_t kc, const float* a, int64_t lda, const float* panel, float* c,
+                           int64_t ldc, int64_t cols, bool load_c) {
+  if (cols == MicroPanelWidth()) {
+    MicroTile<MR>(kc, a, lda, panel, c, ldc, load_c);
+  } else {
+    MicroBlockNarrow<MR>(kc, a, lda, panel, c, ldc, cols, load_c);
+  }
+}
+
+template <int MR>
+HWY_NOINLINE void MicroBlockNarrow(int64_t kc, const float* a, int64_t lda, const float* panel,
+                                   float* c, int64_t ldc, int64_t cols, bool load_c) {
+  const int64_t nr = MicroPanelWidth();
+  HWY_ALIGN float tile[kMicroRows * 2 * HWY_LANES(float)] = {};
+  for (int r = 0; r < MR && load_c; ++r) std::memcpy(tile + r * nr, c + r * ldc, cols * sizeof(float));
+  MicroTile<MR>(kc, a, lda, panel, tile, nr, load_c);
+  for (int r = 0; r < MR; ++r) std::memcpy(c + r * ldc, tile + r * nr, cols * sizeof(float));
+}
+
+// A's rows [r0, r1), kc elements each: the first panel's pass brings A's block into the caches
+// (often from memory: the tile rows of gradY), one row block ahead of the kernel.
+HWY_INLINE void PrefetchRows(const float* a, int64_t lda, int64_t r0, int64_t r1, int64_t kc) {
+  constexpr int64_t kLine = 64 / sizeof(float);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t k = 0; k < kc; k += kLine) hwy::Prefetch(a + r * lda + k);
+  }
+}
+
+HWY_NOINLINE void MicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce,
+                            const void* a, int64_t lda, const float* b_packed, float* c,
+                            int64_t ldc, bool accumulate, float* a_scratch) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t nr = 2 * lanes;
+  if (reduce == 0) {
+    for (int64_t r = 0; r < rows && !accumulate; ++r) std::fill(c + r * ldc, c + r * ldc + width, 0.0f);
+    return;
+  }
+  const int64_t k_blocks = CeilDiv(reduce, kKc);
+  const int64_t kc_base = CeilDiv(reduce, k_blocks);
+  for (int64_t kb = 0; kb < k_blocks; ++kb) {
+    const int64_t k0 = kb * kc_base;
+    const int64_t kc = std::min(kc_base, reduce - k0);
+    const float* a_block;
+    int64_t a_ld;
+    if (gemm_dtype == DType::kBF16) {
+      // Widened once per block for every panel: a broadcast from bfloat16 costs three
+      // instructions more per element than one from float32.
+      const auto* src = static_cast<const hwy::bfloat16_t*>(a);
+      for (int64_t r = 0; r < rows; ++r) {
+        const hwy::bfloat16_t* in = src + r * lda + k0;
+        float* out = a_scratch + r * kc;
+        int64_t k = 0;
+        for (; k + lanes <= kc; k += lanes) hn::StoreU(LoadAsF32<Bf16Storage>(df, in + k), df, out + k);
+        for (; k < kc; ++k) out[k] = F32FromBf16(reinterpret_cast<const uint16_t*>(in)[k]);
+      }
+      a_block = a_scratch;
+      a_ld = kc;
+    } else {
+      a_block = static_cast<const float*>(a) + k0;
+      a_ld = lda;
+    }
+    const bool load_c = accumulate || kb > 0;
+    for (int64_t n0 = 0; n0 < width; n0 += nr) {
+      const float* panel = b_packed + n0 * reduce + k0 * nr;
+      const int64_t cols = std::min(nr, width - n0);
+      // Blocks of 6 rows; a remainder of 1 to 3 rows takes the last full block with it as
+      // 4 + 3, 4 + 4 or 5 + 4 rows: blocks of fewer than 4 rows have too few accumulators to
+      // hide the latency of their multiply-adds.
+      int64_t full = rows / kMicroRows;
+      const int64_t rest = rows % kMicroRows;
+      if (full > 0 && rest > 0 && rest < 4) --full;
+      for (int64_t b = 0; b < full; ++b) {
+        const int64_t r0 = b * kMicroRows;
+        if (n0 == 0) PrefetchRows(a_block, a_ld, r0 + kMicroRows, std::min(rows, r0 + 2 * kMicroRows), kc);
+        MicroBlock<kMicroRows>(kc, a_block + r0 * a_ld, a_ld, panel, c + r0 * ldc + n0, ldc, cols, load_c);
+      }
+      int64_t r0 = full * kMicroRows;
+      while (r0 < rows) {
+        const int64_t left = rows - r0;
+        const int64_t mr = left == 7 || left == 8 || left == 9 ? 4 : left;
+        const float* a_rest = a_block + r0 * a_ld;
+        float* c_rest = c + r0 * ldc + n0;
+        switch (mr) {
+          case 5: MicroBlock<5>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c); break;
+          case 4: MicroBlock<4>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c); break;
+          case 3: MicroBlock<3>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c); break;
+          case 2: MicroBlock<2>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c); break;
+          default: MicroBlock<1>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c); break;
+        }
+        r0 += mr;
+      }
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace gk
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace gk {
+
+HWY_EXPORT(MicroPanelWidth);
+HWY_EXPORT(MicroPackB);
+HWY_EXPORT(MicroGemm);
+
+int64_t MoeMicroPanelWidth() { return HWY_DYNAMIC_DISPATCH(MicroPanelWidth)(); }
+
+uint64_t MoeMicroPackedBytes(int64_t width, int64_t reduce) {
+  const int64_t nr = MoeMicroPanelWidth();
+  return static_cast<uint64_t>(RoundUp(width, nr) * reduce) * sizeof(float);
+}
+
+uint64_t MoeMicroAScratchBytes(DType gemm_dtype, int64_t max_rows) {
+  return gemm_dtype == DType::kBF16 ? static_cast<uint64_t>(max_rows * kKc) * sizeof(float) : 0;
+}
+
+void MoeMicroPackB(DType gemm_dtype, int64_t width, int64_t reduce, const void* b, int64_t ldb,
+                   bool kn, float* dst) {
+  HWY_DYNAMIC_DISPATCH(MicroPackB)(gemm_dtype, width, reduce, b, ldb, kn, dst);
+}
+
+void MoeMicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce, const void* a,
+                  int64_t lda, const float* b_packed, float* c, int64_t ldc, bool accumulate,
+                  float* a_scratch) {
+  HWY_DYNAMIC_DISPATCH(MicroGemm)(gemm_dtype, rows, width, reduce, a, lda, b_packed, c, ldc,
+                                  accumulate, a_scratch);
+}
+
+}  // namespace gk
+#endif  // HWY_ONCE

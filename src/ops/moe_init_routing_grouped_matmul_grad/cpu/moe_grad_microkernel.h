@@ -1,0 +1,50 @@
+// gradkit's own tile GEMM: a register-blocked micro-kernel over a B packed once into column
+// panels, for the CPUs where oneDNN 2.6 has no brgemm kernel (AVX2: its float32 tiles run on
+// gemm:jit, which packs both operands on every call, and it has no bfloat16 GEMM at all).
+// SIMD target chosen at run time (Highway), ending in a scalar fallback.
+//
+// Packed B: panels of PanelWidth() columns (two vectors of float32), each [reduce, PanelWidth()]
+// row-major, float32 whatever the GEMM dtype (bfloat16 widened exactly once, at packing), zero
+// past `width`:  packed[(n / NR) * reduce * NR + k * NR + n % NR] = B(k, n).
+//
+// Sums: every C element is one chain of fused multiply-adds over k in ascending order, started
+// from 0 (or from C with `accumulate`), whatever the row count, the row blocking and the
+// reduction blocking: a call gives the same bits for a row whatever other rows it holds.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace gk {
+
+// The register block: kMoeMicroRows rows x NR columns of accumulators (12 of AVX2's 16 vector
+// registers; the two B vectors and the broadcast A value take the rest).
+inline constexpr int64_t kMoeMicroRows = 6;
+// Reduction elements per block: the B panel's block (kMoeMicroReduceBlock x NR float32: 16 KiB on
+// AVX2) stays in L1 while every row block runs over it; A's block (rows x this) stays in L2. A
+// reduction is cut into equal blocks of at most this.
+inline constexpr int64_t kMoeMicroReduceBlock = 256;
+
+// The panel width NR of the target chosen at run time (16 on AVX2, 32 on AVX-512).
+int64_t MoeMicroPanelWidth();
+
+// Bytes of B packed for `width` columns and `reduce` reduction elements.
+uint64_t MoeMicroPackedBytes(int64_t width, int64_t reduce);
+
+// Bytes of float32 scratch a call of up to `max_rows` rows needs for its A (bfloat16 A is
+// widened a block of the reduction at a time; float32 A is read in place: 0).
+uint64_t MoeMicroAScratchBytes(DType gemm_dtype, int64_t max_rows);
+
+// Packs B [width, reduce] (b[n * ldb + k]) or, with `kn`, its transpose [reduce, width]
+// (b[k * ldb + n]), in gemm_dtype (float32 or bfloat16), into `dst` (MoeMicroPackedBytes).
+void MoeMicroPackB(DType gemm_dtype, int64_t width, int64_t reduce, const void* b, int64_t ldb,
+                   bool kn, float* dst);
+
+// C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda, gemm_dtype) * B, B packed
+// by MoeMicroPackB for the same width and reduce. a_scratch: MoeMicroAScratchBytes(rows) bytes.
+void MoeMicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce, const void* a,
+                  int64_t lda, const float* b_packed, float* c, int64_t ldc, bool accumulate,
+                  float* a_scratch);
+
+}  // namespace gk

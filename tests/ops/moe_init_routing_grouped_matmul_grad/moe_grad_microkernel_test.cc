@@ -1,0 +1,243 @@
+// gradkit's own tile GEMM (cpu/moe_grad_microkernel.h) on every SIMD target compiled in: each C
+// element is exactly one multiply-add chain over k ascending (fused where the target has FMA),
+// whatever the rows, columns and reduction blocks of the call; B packed from its rows and from
+// its transpose's rows gives the same panels, with zeros past the width. Sizes from the kernel's
+// own blocks: rows around kMoeMicroRows (every tail split), widths around the panel width, and
+// reductions around kMoeMicroReduceBlock. And the choice of GEMM (GRADKIT_GEMM).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/cpu_info.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_plan.h"
+#include "tests/ops/op_test_support.h"
+
+namespace gk {
+namespace {
+
+// Values of the dtype from a hash: small, of both signs, never NaN.
+std::vector<uint16_t> Values(int64_t elems, DType dtype, uint32_t seed) {
+  std::vector<uint16_t> out(static_cast<size_t>(elems * ElementBytes(dtype) / 2 + 1));
+  for (int64_t i = 0; i < elems; ++i) {
+    const uint32_t h = (static_cast<uint32_t>(i) + seed) * 2654435761u;
+    StoreFromF32(out.data(), i, dtype, static_cast<float>(h % 4001) / 1000.0f - 2.0f);
+  }
+  return out;
+}
+
+// Whether the target's multiply-add is fused (x86: AVX2 and later; the others here are not).
+bool FusedMultiplyAdd(const std::string& isa) {
+  return isa != "SSE4" && isa != "SSSE3" && isa != "SSE2" && isa != "SCALAR" && isa != "EMU128";
+}
+
+struct Operands {
+  DType dtype;
+  int64_t rows, width, reduce, lda, ldb;
+  std::vector<uint16_t> a, b;  // A [rows, lda], B [width, ldb] (b[n * ldb + k])
+  Operands(DType dtype, int64_t rows, int64_t width, int64_t reduce, uint32_t seed)
+      : dtype(dtype), rows(rows), width(width), reduce(reduce), lda(reduce + 3), ldb(reduce + 5),
+        a(Values(rows * lda, dtype, seed)), b(Values(width * ldb, dtype, seed * 7 + 1)) {}
+  float A(int64_t r, int64_t k) const { return LoadAsF32(a.data(), r * lda + k, dtype); }
+  float B(int64_t k, int64_t n) const { return LoadAsF32(b.data(), n * ldb + k, dtype); }
+  std::vector<float> Packed() const {
+    std::vector<float> packed(MoeMicroPackedBytes(width, reduce) / sizeof(float), -1.0f);
+    MoeMicroPackB(dtype, width, reduce, b.data(), ldb, /*kn=*/false, packed.data());
+    return packed;
+  }
+};
+
+class MoeMicroKernelTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { ASSERT_TRUE(SelectIsa(GetParam())); }
+  void TearDown() override { SelectIsa(""); }
+};
+
+TEST_P(MoeMicroKernelTest, EachElementIsOneMultiplyAddChain) {
+  const bool fused = FusedMultiplyAdd(GetParam());
+  const int64_t nr = MoeMicroPanelWidth();
+  const int64_t block = kMoeMicroReduceBlock;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, kMoeMicroRows,
+                         kMoeMicroRows + 1, kMoeMicroRows + 2, kMoeMicroRows + 3, 2 * kMoeMicroRows + 4,
+                         4 * kMoeMicroRows + 5}) {
+      for (int64_t width : {int64_t{1}, nr - 1, nr, nr + 1, 2 * nr + 3}) {
+        for (int64_t reduce : {int64_t{1}, int64_t{7}, block, block + 1, 2 * block + 40}) {
+          for (bool accumulate : {false, true}) {
+            SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " rows " << rows << " width "
+                                              << width << " reduce " << reduce << " accumulate "
+                                              << accumulate);
+            const Operands op(dtype, rows, width, reduce, static_cast<uint32_t>(rows * 131 + width * 7 + reduce));
+            const std::vector<float> packed = op.Packed();
+            const int64_t ldc = width + 5;
+            std::vector<float> c(static_cast<size_t>(rows * ldc));
+            for (size_t i = 0; i < c.size(); ++i) c[i] = static_cast<float>(i % 13) - 6.0f;
+            const std::vector<float> before = c;
+            std::vector<float> scratch(MoeMicroAScratchBytes(dtype, rows) / sizeof(float) + 1);
+            MoeMicroGemm(dtype, rows, width, reduce, op.a.data(), op.lda, packed.data(), c.data(), ldc,
+                         accumulate, scratch.data());
+            for (int64_t r = 0; r < rows; ++r) {
+              for (int64_t n = 0; n < ldc; ++n) {
+                float want = before[r * ldc + n];
+                if (n < width) {
+                  float sum = accumulate ? want : 0.0f;
+                  for (int64_t k = 0; k < reduce; ++k) {
+                    sum = fused ? std::fma(op.A(r, k), op.B(k, n), sum) : sum + op.A(r, k) * op.B(k, n);
+                  }
+                  want = sum;
+                }
+                ASSERT_EQ(c[r * ldc + n], want) << "row " << r << " column " << n;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The reduction split by the caller (the fused op's k-blocks) gives the bits of one call: the
+// second call continues the first one's chains.
+TEST_P(MoeMicroKernelTest, SplitReductionContinuesTheChains) {
+  const int64_t nr = MoeMicroPanelWidth();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const int64_t rows = 2 * kMoeMicroRows + 1, width = 2 * nr + 1, reduce = kMoeMicroReduceBlock + 70;
+    const Operands op(dtype, rows, width, reduce, 99);
+    std::vector<float> scratch(MoeMicroAScratchBytes(dtype, rows) / sizeof(float) + 1);
+    std::vector<float> whole(static_cast<size_t>(rows * width));
+    MoeMicroGemm(dtype, rows, width, reduce, op.a.data(), op.lda, op.Packed().data(), whole.data(),
+                 width, false, scratch.data());
+    for (int64_t split : {int64_t{1}, int64_t{33}, kMoeMicroReduceBlock}) {
+      std::vector<float> parts(whole.size());
+      const int64_t elem = ElementBytes(dtype);
+      std::vector<float> first(MoeMicroPackedBytes(width, split) / sizeof(float));
+      std::vector<float> second(MoeMicroPackedBytes(width, reduce - split) / sizeof(float));
+      MoeMicroPackB(dtype, width, split, op.b.data(), op.ldb, false, first.data());
+      MoeMicroPackB(dtype, width, reduce - split, reinterpret_cast<const char*>(op.b.data()) + split * elem,
+                    op.ldb, false, second.data());
+      MoeMicroGemm(dtype, rows, width, split, op.a.data(), op.lda, first.data(), parts.data(), width,
+                   false, scratch.data());
+      MoeMicroGemm(dtype, rows, width, reduce - split,
+                   reinterpret_cast<const char*>(op.a.data()) + split * elem, op.lda, second.data(),
+                   parts.data(), width, true, scratch.data());
+      EXPECT_EQ(parts, whole) << DTypeName(dtype) << " split at " << split;
+    }
+  }
+}
+
+TEST_P(MoeMicroKernelTest, PackedFromRowsOrTransposeIsTheSamePanels) {
+  const int64_t nr = MoeMicroPanelWidth();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t width : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, nr, nr + 3, 3 * nr - 1}) {
+      for (int64_t reduce : {1, 2, 7, 8, 9, 17, 33}) {
+        SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " width " << width << " reduce " << reduce);
+        const Operands op(dtype, 1, width, reduce, static_cast<uint32_t>(width * 5 + reduce));
+        const std::vector<float> from_rows = op.Packed();
+        ASSERT_EQ(static_cast<int64_t>(from_rows.size()), (width + nr - 1) / nr * nr * reduce);
+        for (int64_t n = 0; n < (width + nr - 1) / nr * nr; ++n) {
+          for (int64_t k = 0; k < reduce; ++k) {
+            const float want = n < width ? op.B(k, n) : 0.0f;
+            ASSERT_EQ(from_rows[(n / nr) * reduce * nr + k * nr + n % nr], want) << "n " << n << " k " << k;
+          }
+        }
+        // B^T [reduce, width] with a row stride past width.
+        const int64_t ld_kn = width + 2;
+        std::vector<uint16_t> kn(static_cast<size_t>(reduce * ld_kn * ElementBytes(dtype) / 2 + 1));
+        for (int64_t k = 0; k < reduce; ++k) {
+          for (int64_t n = 0; n < width; ++n) StoreFromF32(kn.data(), k * ld_kn + n, dtype, op.B(k, n));
+        }
+        std::vector<float> from_kn(from_rows.size(), -1.0f);
+        MoeMicroPackB(dtype, width, reduce, kn.data(), ld_kn, /*kn=*/true, from_kn.data());
+        EXPECT_EQ(from_kn, from_rows);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTargets, MoeMicroKernelTest, ::testing::ValuesIn(AvailableIsas()),
+                         [](const auto& info) { return info.param; });
+
+// Sets an environment variable for the scope and restores it after.
+class EnvScope {
+ public:
+  EnvScope(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) saved_ = old;
+    setenv(name, value, 1);
+  }
+  ~EnvScope() {
+    if (saved_.empty()) unsetenv(name_);
+    else setenv(name_, saved_.c_str(), 1);
+  }
+
+ private:
+  const char* name_;
+  std::string saved_;
+};
+
+MoeGradShape SmallShape(DType dtype) {
+  MoeGradShape s{};
+  s.batch = 64, s.top_k = 2, s.m = 128, s.l = 128, s.g = 4, s.k = 96, s.n = 80;
+  s.dtype = dtype, s.index_dtype = DType::kI64;
+  s.row_idx_type = RowIdxType::kGather, s.group_list_type = GroupListType::kCount;
+  return s;
+}
+
+// auto: oneDNN exactly where it has brgemm kernels for the dtype (decided from the CPU here),
+// else the micro-kernel, whose rows need no padding.
+TEST(moe_grad_gemm, AutoTakesOneDnnWhereItHasBrgemm) {
+  const EnvScope scope("GRADKIT_GEMM", "auto");
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const MoeGradMachine m = DetectMoeGradMachine(SmallShape(dtype));
+    const bool onednn = MoeGemmHasOneDnn() && gk::testing::CpuHasBrgemmFor(dtype);
+    EXPECT_EQ(m.gemm_backend, onednn ? "onednn" : "gradkit") << DTypeName(dtype);
+    EXPECT_EQ(m.gemm_row_granule, onednn ? kMoeGradRowGranule : 1) << DTypeName(dtype);
+  }
+}
+
+TEST(moe_grad_gemm, EnvironmentPicksTheGemm) {
+  {
+    const EnvScope scope("GRADKIT_GEMM", "gradkit");
+    const MoeGradMachine m = DetectMoeGradMachine(SmallShape(DType::kF32));
+    EXPECT_EQ(m.gemm_backend, "gradkit");
+    EXPECT_EQ(m.gemm_impls.front().second.rfind("microkernel", 0), 0u) << m.gemm_impls.front().second;
+  }
+  if (MoeGemmHasOneDnn()) {  // oneDNN has a float32 GEMM on every x86 CPU it runs on
+    const EnvScope scope("GRADKIT_GEMM", "onednn");
+    EXPECT_EQ(DetectMoeGradMachine(SmallShape(DType::kF32)).gemm_backend, "onednn");
+  }
+  const EnvScope scope("GRADKIT_GEMM", "fastest");
+  EXPECT_THROW(DetectMoeGradMachine(SmallShape(DType::kF32)), ConfigError);
+}
+
+// Through the C API a bad value is the caller's error, named, found in phase 1.
+TEST(moe_grad_gemm, BadEnvironmentValueFailsPhaseOne) {
+  const EnvScope scope("GRADKIT_GEMM", "fastest");
+  std::vector<float> dy(4 * 8), w(2 * 8 * 8), dx(2 * 8);
+  std::vector<int64_t> idx = {0, 1, 2, 3}, groups = {2, 2};
+  using gk::testing::TensorGuard;
+  const TensorGuard dy_t({4, 8}, DType::kF32, dy.data()), w_t({2, 8, 8}, DType::kF32, w.data());
+  const TensorGuard idx_t({4}, DType::kI64, idx.data()), groups_t({2}, DType::kI64, groups.data());
+  const TensorGuard dx_t({2, 8}, DType::kF32, dx.data());
+  uint64_t workspace = 0;
+  gkOpExecutor* executor = nullptr;
+  EXPECT_EQ(gkMoeInitRoutingGroupedMatmulGradGetWorkspaceSize(dy_t.t, w_t.t, idx_t.t,
+                                                              groups_t.t, 2, 2, GK_ROW_IDX_GATHER,
+                                                              GK_GROUP_LIST_COUNT, dx_t.t,
+                                                              &workspace, &executor),
+            GK_ERROR_PARAM_INVALID);
+  EXPECT_EQ(executor, nullptr);
+  const std::string message = gkGetRecentErrMsg();
+  EXPECT_NE(message.find("GRADKIT_GEMM"), std::string::npos) << message;
+  EXPECT_NE(message.find("fastest"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace gk
