@@ -23,6 +23,8 @@ namespace gk {
 namespace {
 constexpr int64_t kMicroRows = kMoeMicroRows;
 constexpr int64_t kKc = kMoeMicroReduceBlock;
+// What a call's A block and C rows may take of L2 (half of a 512 KiB L2).
+constexpr int64_t kL2Bytes = 256 << 10;
 // Columns gathered together when B is packed from its [width, reduce] rows (one 32-bit gather).
 constexpr int64_t kGatherRows = 8;
 constexpr int64_t kPrefetchBytes = 512;
@@ -270,18 +272,15 @@ HWY_INLINE void PrefetchRows(const float* a, int64_t lda, int64_t r0, int64_t r1
   }
 }
 
-HWY_NOINLINE void MicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce,
-                            const void* a, int64_t lda, const float* b_packed, float* c,
-                            int64_t ldc, bool accumulate, float* a_scratch) {
+// Rows [0, rows) of a call (one chunk of MicroGemm's): the reduction in blocks of kc_base, each
+// block's panels in turn over every row block.
+HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce,
+                                int64_t kc_base, const void* a, int64_t lda, const float* b_packed,
+                                float* c, int64_t ldc, bool accumulate, float* a_scratch) {
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   const int64_t nr = 2 * lanes;
-  if (reduce == 0) {
-    for (int64_t r = 0; r < rows && !accumulate; ++r) std::fill(c + r * ldc, c + r * ldc + width, 0.0f);
-    return;
-  }
-  const int64_t k_blocks = CeilDiv(reduce, kKc);
-  const int64_t kc_base = CeilDiv(reduce, k_blocks);
+  const int64_t k_blocks = CeilDiv(reduce, kc_base);
   for (int64_t kb = 0; kb < k_blocks; ++kb) {
     const int64_t k0 = kb * kc_base;
     const int64_t kc = std::min(kc_base, reduce - k0);
@@ -335,6 +334,30 @@ HWY_NOINLINE void MicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64
         r0 += mr;
       }
     }
+  }
+}
+
+
+HWY_NOINLINE void MicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce,
+                            const void* a, int64_t lda, const float* b_packed, float* c,
+                            int64_t ldc, bool accumulate, float* a_scratch) {
+  if (reduce == 0) {
+    for (int64_t r = 0; r < rows && !accumulate; ++r) std::fill(c + r * ldc, c + r * ldc + width, 0.0f);
+    return;
+  }
+  const int64_t k_blocks = CeilDiv(reduce, kKc);
+  const int64_t kc_base = CeilDiv(reduce, k_blocks);
+  // Rows in chunks whose A block and C rows stay in L2 together (kL2Bytes) while the panels run
+  // over them, equal-sized, multiples of the register block.
+  const int64_t most = std::max<int64_t>(
+      kMicroRows, kL2Bytes / (static_cast<int64_t>(sizeof(float)) * (kc_base + width)) / kMicroRows * kMicroRows);
+  const int64_t chunks = CeilDiv(rows, most);
+  const int64_t chunk_rows = RoundUp(CeilDiv(rows, chunks), kMicroRows);
+  const int64_t elem = gemm_dtype == DType::kBF16 ? 2 : 4;
+  for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
+    MicroGemmRows(gemm_dtype, std::min(chunk_rows, rows - m0), width, reduce, kc_base,
+                  static_cast<const char*>(a) + m0 * lda * elem, lda, b_packed, c + m0 * ldc, ldc,
+                  accumulate, a_scratch);
   }
 }
 
