@@ -14,8 +14,11 @@ candidate once per round; medians), at the fused operator's shape S1 (batch 4096
     PYTHONPATH=python /usr/bin/python3 bench/torch_moe_bench.py [--rounds 7] [--parts dx,step]
 
 Ratios are the peer's median time over gradkit's (>= 1.0: gradkit at least as fast) and
-gradkit's peak memory over the peer's. Runs with OMP_WAIT_POLICY=PASSIVE (restarts itself with
-it): libtorch's and gradkit's OpenMP threads otherwise spin and steal the cores from each other.
+gradkit's peak memory over the peer's. Runs with OMP_WAIT_POLICY=PASSIVE and
+OPENBLAS_THREAD_TIMEOUT=4 (restarts itself with them): libtorch's and gradkit's OpenMP threads,
+and the threads of the OpenBLAS behind Debian's torch, otherwise keep spinning after their own
+call and steal the cores from whoever runs next (the fused float32 d_x took 351 ms against 290 ms
+when it ran right after torch's mm, which did not get faster for it: 343 against 332 ms).
 """
 import argparse
 import os
@@ -24,8 +27,9 @@ import subprocess
 import sys
 import time
 
-if os.environ.get("OMP_WAIT_POLICY") is None:
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+if os.environ.get("OMP_WAIT_POLICY") is None or os.environ.get("OPENBLAS_THREAD_TIMEOUT") is None:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # 2^4 cycles of spinning, then sleep
     os.execv(sys.executable, [sys.executable, *sys.argv])
 
 import torch  # noqa: E402
