@@ -263,12 +263,14 @@ HWY_NOINLINE void MicroBlockNarrow(int64_t kc, const float* a, int64_t lda, cons
   for (int r = 0; r < MR; ++r) std::memcpy(c + r * ldc, tile + r * nr, cols * sizeof(float));
 }
 
-// A's rows [r0, r1), kc elements each: the first panel's pass brings A's block into the caches
-// (often from memory: the tile rows of gradY), one row block ahead of the kernel.
-HWY_INLINE void PrefetchRows(const float* a, int64_t lda, int64_t r0, int64_t r1, int64_t kc) {
+// Rows [r0, r1) of a matrix, elements [0, n) of each, one row block ahead of the kernel: A's
+// block on the first panel's pass (often from memory: the tile rows of gradY), and C's rows when
+// the kernel starts from them (GroupedMatmulWeightGrad's sums, often out of L2).
+HWY_INLINE void PrefetchRows(const float* a, int64_t lda, int64_t r0, int64_t r1, int64_t n) {
   constexpr int64_t kLine = 64 / sizeof(float);
   for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t k = 0; k < kc; k += kLine) hwy::Prefetch(a + r * lda + k);
+    for (int64_t k = 0; k < n; k += kLine) hwy::Prefetch(a + r * lda + k);
+    hwy::Prefetch(a + r * lda + n - 1);  // the last line, when the row starts mid-line
   }
 }
 
@@ -316,6 +318,7 @@ HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, i
       for (int64_t b = 0; b < full; ++b) {
         const int64_t r0 = b * kMicroRows;
         if (n0 == 0) PrefetchRows(a_block, a_ld, r0 + kMicroRows, std::min(rows, r0 + 2 * kMicroRows), kc);
+        if (load_c) PrefetchRows(c + n0, ldc, r0 + kMicroRows, std::min(rows, r0 + 2 * kMicroRows), cols);
         MicroBlock<kMicroRows>(kc, a_block + r0 * a_ld, a_ld, panel, c + r0 * ldc + n0, ldc, cols, load_c);
       }
       int64_t r0 = full * kMicroRows;
