@@ -394,7 +394,7 @@ void PrintMoeGradInfo() {
   std::printf("oneDNN:     %s\n", MoeGemmHasOneDnn()
                                       ? fmt::format("{} (MoE GEMMs)", MoeGemmLibraryName()).c_str()
                                       : "not found at build time (MoE GEMMs run on gradkit's own "
-                                        "Highway kernel)");
+                                        "micro-kernel)");
   // The GEMM each dtype's tiles run on, as the plan of a small problem picks it.
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     MoeGradShape s{};

@@ -47,7 +47,7 @@ class MicroTileGemm final : public MoeTileGemm {
   }
   std::string name() const override { return "gradkit"; }
   std::string impl(int64_t) const override {
-    return fmt::format("microkernel {}x{}, B packed {}", 6, MoeMicroPanelWidth(),
+    return fmt::format("microkernel {}x{}, B packed {}", kMoeMicroRows, MoeMicroPanelWidth(),
                        shape_.prepared_b ? "once per block" : "per call");
   }
   // The packed B, then A widened to float32 (bfloat16).
@@ -106,7 +106,7 @@ class MicroDenseGemm final : public MoeDenseGemm {
   MicroDenseGemm(DType dtype, int64_t m, int64_t reduce, int64_t width, int32_t threads)
       : dtype_(dtype), m_(m), reduce_(reduce), width_(width), threads_(threads) {}
   std::string name() const override {
-    return fmt::format("gradkit microkernel 6x{}", MoeMicroPanelWidth());
+    return fmt::format("gradkit microkernel {}x{}", kMoeMicroRows, MoeMicroPanelWidth());
   }
   void Run(const void* a, const void* b, float* c, int64_t ldc) const override {
     constexpr int64_t kRows = 256;
@@ -712,7 +712,7 @@ std::string MoeGemmLibraryName() {
   const dnnl_version_t* v = dnnl_version();
   return fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
 #else
-  return "gradkit highway kernel";
+  return "gradkit micro-kernel";
 #endif
 }
 

@@ -135,6 +135,6 @@ class MoeDenseGemm {
 };
 
 bool MoeGemmHasOneDnn();          // built with oneDNN
-std::string MoeGemmLibraryName();  // "oneDNN 2.6.3" or "gradkit Highway kernel"
+std::string MoeGemmLibraryName();  // "oneDNN 2.6.3" or "gradkit micro-kernel"
 
 }  // namespace gk

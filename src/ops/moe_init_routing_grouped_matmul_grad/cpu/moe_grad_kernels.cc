@@ -96,59 +96,6 @@ HWY_NOINLINE void PackBPanel(const uint8_t* b, int64_t row_bytes, bool kn, int64
   }
 }
 
-// One output element at a time, four columns per pass over an A row; lanes accumulate in a
-// fixed order and are reduced the same way for every call.
-template <class Storage>
-void GemmTile(int64_t rows, int64_t width, int64_t reduce, const void* a_bytes, int64_t lda,
-              const void* b_bytes, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-  using Lane = typename Storage::Lane;
-  const auto* a = static_cast<const Lane*>(a_bytes);
-  const auto* b = static_cast<const Lane*>(b_bytes);
-  const hn::ScalableTag<float> df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t vector_end = reduce / lanes * lanes;
-  const auto scalar = [](const Lane* p, int64_t i) {
-    if constexpr (std::is_same_v<Storage, F32Storage>) return p[i];
-    else return F32FromBf16(reinterpret_cast<const uint16_t*>(p)[i]);
-  };
-  for (int64_t r = 0; r < rows; ++r) {
-    const Lane* a_row = a + r * lda;
-    int64_t j = 0;
-    for (; j < width; j += 4) {
-      const int64_t cols = std::min<int64_t>(4, width - j);
-      const Lane* b_rows[4];
-      for (int64_t q = 0; q < 4; ++q) b_rows[q] = b + (j + std::min(q, cols - 1)) * ldb;
-      auto s0 = hn::Zero(df), s1 = hn::Zero(df), s2 = hn::Zero(df), s3 = hn::Zero(df);
-      for (int64_t i = 0; i < vector_end; i += lanes) {
-        const auto av = LoadAsF32<Storage>(df, a_row + i);
-        s0 = hn::MulAdd(av, LoadAsF32<Storage>(df, b_rows[0] + i), s0);
-        s1 = hn::MulAdd(av, LoadAsF32<Storage>(df, b_rows[1] + i), s1);
-        s2 = hn::MulAdd(av, LoadAsF32<Storage>(df, b_rows[2] + i), s2);
-        s3 = hn::MulAdd(av, LoadAsF32<Storage>(df, b_rows[3] + i), s3);
-      }
-      float sums[4] = {hn::GetLane(hn::SumOfLanes(df, s0)), hn::GetLane(hn::SumOfLanes(df, s1)), hn::GetLane(hn::SumOfLanes(df, s2)),
-                       hn::GetLane(hn::SumOfLanes(df, s3))};
-      for (int64_t q = 0; q < cols; ++q) {
-        for (int64_t i = vector_end; i < reduce; ++i) {
-          sums[q] += scalar(a_row, i) * scalar(b_rows[q], i);
-        }
-        c[r * ldc + j + q] = accumulate ? c[r * ldc + j + q] + sums[q] : sums[q];
-      }
-    }
-  }
-}
-
-HWY_NOINLINE void GemmTileF32(int64_t rows, int64_t width, int64_t reduce, const void* a,
-                              int64_t lda, const void* b, int64_t ldb, float* c, int64_t ldc,
-                              bool accumulate) {
-  GemmTile<F32Storage>(rows, width, reduce, a, lda, b, ldb, c, ldc, accumulate);
-}
-HWY_NOINLINE void GemmTileBf16(int64_t rows, int64_t width, int64_t reduce, const void* a,
-                               int64_t lda, const void* b, int64_t ldb, float* c, int64_t ldc,
-                               bool accumulate) {
-  GemmTile<Bf16Storage>(rows, width, reduce, a, lda, b, ldb, c, ldc, accumulate);
-}
-
 }  // namespace HWY_NAMESPACE
 }  // namespace gk
 HWY_AFTER_NAMESPACE();
@@ -158,8 +105,6 @@ namespace gk {
 
 HWY_EXPORT(ConvertF16ToF32);
 HWY_EXPORT(AddRowF32);
-HWY_EXPORT(GemmTileF32);
-HWY_EXPORT(GemmTileBf16);
 HWY_EXPORT(PackBPanel);
 
 void MoeConvertF16ToF32(const uint16_t* src, float* dst, int64_t n) {
@@ -245,16 +190,6 @@ void MoePackB(DType gemm_dtype, const MoeBlockedB& layout, int64_t width, int64_
       uint32_t* row = panel + (w / block_words) * (layout.k_stride / pair) + (w % block_words) * layout.n_block;
       for (int64_t n = w < words ? cols : 0; n < layout.n_block; ++n) row[n] = word_at(w * pair, n0 + n);
     }
-  }
-}
-
-void MoeGemmTileOwn(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce, const void* a,
-                    int64_t lda, const void* b, int64_t ldb, float* c, int64_t ldc,
-                    bool accumulate) {
-  if (gemm_dtype == DType::kBF16) {
-    HWY_DYNAMIC_DISPATCH(GemmTileBf16)(rows, width, reduce, a, lda, b, ldb, c, ldc, accumulate);
-  } else {
-    HWY_DYNAMIC_DISPATCH(GemmTileF32)(rows, width, reduce, a, lda, b, ldb, c, ldc, accumulate);
   }
 }
 

@@ -1,6 +1,6 @@
 // MoeInitRoutingGroupedMatmulGrad CPU kernels around the GEMM: float16 -> float32 conversion of
-// tile rows, the transposed copy of [G, N, K] weights, the tile -> gradX row add, B packed into
-// oneDNN's blocked layout (MoePackB), and gradkit's own tile GEMM (used without oneDNN).
+// tile rows, the transposed copy of [G, N, K] weights, the tile -> gradX row add and B packed into
+// oneDNN's blocked layout (MoePackB). gradkit's own tile GEMM is in moe_grad_microkernel.h.
 // SIMD target chosen at run time (Highway), ending in a scalar fallback.
 #pragma once
 
@@ -41,12 +41,5 @@ struct MoeBlockedB {
 // width] rows of stride ldb (b[k * ldb + n]). A copy of bits: the same whatever the target.
 void MoePackB(DType gemm_dtype, const MoeBlockedB& layout, int64_t width, int64_t reduce,
               const void* b, int64_t ldb, bool kn, void* dst);
-
-// C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda) * B[width, reduce]^T
-// (row stride ldb), A and B float32 or bfloat16 (gemm_dtype), float32 accumulation in a fixed
-// order; with `accumulate` the sum is added to C (one rounding), else it replaces C.
-void MoeGemmTileOwn(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce, const void* a,
-                    int64_t lda, const void* b, int64_t ldb, float* c, int64_t ldc,
-                    bool accumulate);
 
 }  // namespace gk
