@@ -3,7 +3,6 @@
 #define HWY_TARGET_INCLUDE "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
-#include <hwy/aligned_allocator.h>
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
@@ -14,7 +13,6 @@
 
 #include "core/cpu/convert-inl.h"
 #include "core/plan_math.h"
-#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 
 #ifndef GK_MOE_MICROKERNEL_CONSTANTS
 #define GK_MOE_MICROKERNEL_CONSTANTS
