@@ -75,7 +75,7 @@ class MoeGradExecutor final : public gkOpExecutor {
   struct ThreadSlots {
     float* ring;
     char* a_tile;
-    char* b_tile;  // null unless MoeGradCopiesB
+    char* b_tile;  // null unless plan.b_copied
     MoeTileGemm::Worker* gemm;
     const void* b = nullptr;  // the current B as the GEMM takes it (Worker::PrepareB)
   };
@@ -157,12 +157,18 @@ class MoeGradExecutor final : public gkOpExecutor {
         const int64_t reduce = kb == p.k_blocks - 1 ? p.last_k : p.base_k;
         // With one k-block, (block, g)'s B stays ready (copied, packed) for all its chunks.
         if (!(b_ready && p.k_blocks == 1)) {
-          const void* b = weight_block + k0 * elem;
           if (slots.b_tile != nullptr) {
             CopyWeightBlock(weight_block, k0, reduce, cols, slots.b_tile);
-            b = slots.b_tile;
+            slots.b = slots.gemm->PrepareB(cols, reduce, slots.b_tile);
+          } else if (p.gemm_any_stride) {  // packed from the weights in place, either layout
+            slots.b = s.weight_nk
+                          ? slots.gemm->PrepareBStrided(cols, reduce, weight_block + k0 * s.k * elem,
+                                                        s.k, /*kn=*/true)
+                          : slots.gemm->PrepareBStrided(cols, reduce, weight_block + k0 * elem,
+                                                        s.n, /*kn=*/false);
+          } else {
+            slots.b = slots.gemm->PrepareB(cols, reduce, weight_block + k0 * elem);
           }
-          slots.b = slots.gemm->PrepareB(cols, reduce, b);
           b_ready = true;
         }
         int64_t slot = 0;
@@ -219,17 +225,17 @@ class MoeGradExecutor final : public gkOpExecutor {
     const int64_t elem = ElementBytes(s.dtype);
     const int64_t padded_rows = (rows + p.row_granule - 1) / p.row_granule * p.row_granule;
     const int64_t first_row = RowAt(ws, position);
-    // Consecutive rows of gradY are read where they are, unless the reduction is cut into
-    // k-blocks (the GEMM takes a dense A only, see moe_grad_gemm.h) or float16 (converted).
+    // Consecutive rows of gradY are read where they are, unless float16 (converted) or the
+    // reduction is cut into k-blocks and the GEMM takes a dense A only (see moe_grad_gemm.h).
     // A tail tile's padding rows are then gradY's next rows where gradY has them: their sums
     // land in the ring's padding rows, which are never added into gradX, and each row of a GEMM
     // depends on its own A row only, so the rows used get the same bits as with zero padding.
-    const bool in_place = s.dtype != DType::kF16 && p.k_blocks == 1 &&
+    const bool in_place = s.dtype != DType::kF16 && (p.k_blocks == 1 || p.gemm_any_stride) &&
                           first_row + padded_rows <= s.m &&
                           RowAt(ws, position + rows - 1) - first_row == rows - 1;
     const void* a;
     if (in_place) {
-      a = TensorBase(dy_) + first_row * s.n * elem;
+      a = TensorBase(dy_) + (first_row * s.n + k0) * elem;
     } else {
       const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
       for (int64_t r = 0; r < rows; ++r) {
@@ -248,7 +254,12 @@ class MoeGradExecutor final : public gkOpExecutor {
       }
       a = slots.a_tile;
     }
-    slots.gemm->Run(padded_rows, cols, reduce, accumulate, a, b, tile);
+    if (p.gemm_any_stride) {
+      slots.gemm->RunStrided(padded_rows, cols, reduce, accumulate, a, in_place ? s.n : p.base_k,
+                             b, tile);
+    } else {
+      slots.gemm->Run(padded_rows, cols, reduce, accumulate, a, b, tile);
+    }
   }
 
   MoeGradPlan plan_;

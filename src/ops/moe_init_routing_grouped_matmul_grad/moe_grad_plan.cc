@@ -190,7 +190,7 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape) {
 
 MoeGradMachine MoeGradMachineOf(const MoeTileGemm& gemm, const MoeTileGemmShape& shape) {
   MoeGradMachine machine{ConfiguredThreads(), gemm.scratchpad_bytes(), gemm.name(), {},
-                         gemm.row_granule()};
+                         gemm.row_granule(), gemm.takes_any_stride()};
   for (int64_t width : shape.widths) machine.gemm_impls.emplace_back(width, gemm.impl(width));
   return machine;
 }
@@ -213,6 +213,8 @@ MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& mac
   p.k_blocks = tiles.k_blocks;
   p.last_k = tiles.last_k;
   p.row_granule = machine.gemm_row_granule;
+  p.gemm_any_stride = machine.gemm_any_stride;
+  p.b_copied = MoeGradCopiesB(shape, tiles) && !(p.gemm_any_stride && shape.dtype != DType::kF16);
   p.parall_num = kMoeGradParallNum;
   p.col_blocks = tiles.col_blocks;
   p.last_block_cols = tiles.last_block_cols;
@@ -227,7 +229,7 @@ MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& mac
   const int64_t t = p.threads;
   const uint64_t ring = Bytes(p.parall_num * p.base_m * p.base_n, 4);
   const uint64_t a_tile = Bytes(p.base_m * p.base_k, gemm_elem);
-  const uint64_t b_tile = MoeGradCopiesB(shape, tiles) ? Bytes(p.base_n * p.base_k, gemm_elem) : 0;
+  const uint64_t b_tile = p.b_copied ? Bytes(p.base_n * p.base_k, gemm_elem) : 0;
   p.thread_bytes = ring + a_tile + b_tile + p.gemm_scratchpad_bytes;
   LayoutBuilder b;
   MoeGradLayout& l = p.layout;
@@ -260,7 +262,7 @@ std::string MoeGradPlanToJson(const MoeGradPlan& p) {
       "\"shape\": {{\"M\": {}, \"N\": {}, \"K\": {}, \"G\": {}, \"L\": {}, \"batch\": {}, "
       "\"topK\": {}}}, \"weight_layout\": \"{}\", \"row_idx_type\": \"{}\", \"group_list_type\": \"{}\", "
       "\"base_m\": {}, \"base_n\": {}, \"base_k\": {}, \"k_blocks\": {}, \"last_k\": {}, "
-      "\"row_granule\": {}, \"parall_num\": {}, "
+      "\"row_granule\": {}, \"gemm_any_stride\": {}, \"b_copied\": {}, \"parall_num\": {}, "
       "\"threads\": {}, \"machine_threads\": {}, \"work_split\": {{\"col_blocks\": {}, \"last_block_cols\": {}, "
       "\"token_chunks\": {}, \"tokens_per_chunk\": {}, \"units\": {}, \"order\": "
       "\"round_robin\", \"planned_for_threads\": {}, \"units_per_thread_max\": {}, "
@@ -271,7 +273,7 @@ std::string MoeGradPlanToJson(const MoeGradPlan& p) {
       "\"unfused_bytes\": {}}}",
       DTypeName(s.dtype), DTypeName(p.gemm_dtype), p.gemm_backend, impls, s.m, s.n, s.k, s.g, s.l,
       s.batch, s.top_k, s.weight_nk ? "GNK" : "GKN", RowIdxTypeName(s.row_idx_type), GroupListTypeName(s.group_list_type),
-      p.base_m, p.base_n, p.base_k, p.k_blocks, p.last_k, p.row_granule, p.parall_num, p.threads, p.machine_threads, p.col_blocks,
+      p.base_m, p.base_n, p.base_k, p.k_blocks, p.last_k, p.row_granule, p.gemm_any_stride, p.b_copied, p.parall_num, p.threads, p.machine_threads, p.col_blocks,
       p.last_block_cols, p.token_chunks, p.tokens_per_chunk, p.units, kMoeGradPlannedThreads, p.UnitsOfThread(0), p.LoadBalance(p.machine_threads), p.thread_bytes,
       kMoeGradAlignment, region(l.matmul_out_ring), region(l.a_tiles), region(l.b_tiles),
       region(l.system), region(l.group_offsets), region(l.row_token), region(l.chunk_starts),

@@ -52,6 +52,7 @@ struct MoeGradMachine {
   std::string gemm_backend;        // the library, e.g. "onednn"
   std::vector<std::pair<int64_t, std::string>> gemm_impls;  // per column width: its implementation
   int64_t gemm_row_granule = kMoeGradRowGranule;  // GEMM rows are padded to this (MoeTileGemm)
+  bool gemm_any_stride = false;  // the GEMM reads A and B at any stride (MoeTileGemm::takes_any_stride)
 };
 
 struct MoeGradRegion {
@@ -86,6 +87,10 @@ struct MoeGradPlan {
   int64_t k_blocks;           // ceil(N / base_k), summed in ascending order
   int64_t last_k;             // N - (k_blocks - 1) * base_k
   int64_t row_granule;        // tail tiles rounded up to this many rows (the GEMM's; 1: none)
+  // The GEMM reads gradY and the weights in place at their own strides, k-blocks too (A: where
+  // a tile's rows are consecutive; else, and for float16, through the A tile).
+  bool gemm_any_stride;
+  bool b_copied;              // each k-block of weights goes through the B tile (MoeGradCopiesB)
   int64_t parall_num;         // ring slots per thread (tiles in flight per k-block pass)
   int32_t threads;            // the machine's threads, at most one per unit
   int32_t machine_threads;    // the machine's threads (load_balance counts idle ones)
@@ -119,11 +124,13 @@ struct MoeGradTiles {
   int64_t token_chunks, tokens_per_chunk;
 };
 MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape);
-// Whether each k-block of a weight block is copied into the thread's B tile first: float16
-// weights are converted to float32 (the GEMM has no float16), and k-blocks of a longer reduction
-// are made dense ([base_n, base_k]), the layout oneDNN's brgemm takes without falling back to
-// its slower gemm:jit for a strided B; weights stored [G, N, K] are transposed into it. The GEMM
-// then sees the same B tile whatever the weight's layout: the same bits.
+// Whether each k-block of a weight block is copied into the thread's B tile first, on a GEMM
+// that takes the shape's strides only (oneDNN): float16 weights are converted to float32 (the
+// GEMM has no float16), and k-blocks of a longer reduction are made dense ([base_n, base_k]), the
+// layout oneDNN's brgemm takes without falling back to its slower gemm:jit for a strided B;
+// weights stored [G, N, K] are transposed into it. The GEMM then sees the same B tile whatever
+// the weight's layout: the same bits. A GEMM that takes any stride packs B from the weights in
+// place (either layout), so only float16 is copied (MoeGradPlan::b_copied).
 bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles);
 // The tile GEMM shapes of a problem (see cpu/moe_grad_gemm.h).
 MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape);

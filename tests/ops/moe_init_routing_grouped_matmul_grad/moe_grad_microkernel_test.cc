@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -215,6 +216,71 @@ TEST(moe_grad_gemm, EnvironmentPicksTheGemm) {
   }
   const EnvScope scope("GRADKIT_GEMM", "fastest");
   EXPECT_THROW(DetectMoeGradMachine(SmallShape(DType::kF32)), ConfigError);
+}
+
+// The own GEMM reads A and B at any stride, B as itself or its transpose: the bits of the same
+// values copied dense to the shape's strides first (what a caller of oneDNN's GEMM does). A
+// reduction of two k-blocks, the second one accumulating, as the fused op's k-blocks run.
+TEST(moe_grad_gemm, StridedOperandsGiveTheBytesOfDenseCopies) {
+  const EnvScope scope("GRADKIT_GEMM", "gradkit");
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const int64_t rows = 2 * kMoeMicroRows + 1, width = 2 * MoeMicroPanelWidth() + 3;
+    const int64_t half = kMoeMicroReduceBlock + 5;  // each k-block: a reduction block and a tail
+    const Operands op(dtype, rows, width, 2 * half, 11);  // A [rows, lda], B [width, ldb]
+    MoeTileGemmShape shape{};
+    shape.gemm_dtype = dtype, shape.max_rows = rows, shape.row_granule = 1, shape.ldc = width;
+    shape.ldb = half, shape.lda = half, shape.widths = {width};
+    shape.steps = {{half, false}, {half, true}};
+    shape.prepared_b = true;
+    const auto gemm = MoeTileGemm::Create(shape);
+    ASSERT_TRUE(gemm->takes_any_stride());
+    std::vector<char> scratch(gemm->scratchpad_bytes() + 64);
+    const auto worker = gemm->MakeWorker(scratch.data());
+    const int64_t elem = ElementBytes(dtype);
+    const auto* a = reinterpret_cast<const char*>(op.a.data());
+    const auto* b = reinterpret_cast<const char*>(op.b.data());
+    // B^T [2 * half, width] with a row stride past the width.
+    const int64_t ld_kn = width + 4;
+    std::vector<uint16_t> kn(static_cast<size_t>(2 * half * ld_kn * elem / 2 + 1));
+    for (int64_t k = 0; k < 2 * half; ++k) {
+      for (int64_t n = 0; n < width; ++n) StoreFromF32(kn.data(), k * ld_kn + n, dtype, op.B(k, n));
+    }
+    std::vector<float> dense(static_cast<size_t>(rows * width)), strided = dense, from_kn = dense;
+    for (int64_t step = 0; step < 2; ++step) {
+      const int64_t k0 = step * half;
+      std::vector<char> a_copy(static_cast<size_t>(rows * half * elem));
+      std::vector<char> b_copy(static_cast<size_t>(width * half * elem));
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(&a_copy[r * half * elem], a + (r * op.lda + k0) * elem, half * elem);
+      }
+      for (int64_t n = 0; n < width; ++n) {
+        std::memcpy(&b_copy[n * half * elem], b + (n * op.ldb + k0) * elem, half * elem);
+      }
+      const void* packed = worker->PrepareB(width, half, b_copy.data());
+      worker->Run(rows, width, half, step > 0, a_copy.data(), packed, dense.data());
+      packed = worker->PrepareBStrided(width, half, b + k0 * elem, op.ldb, /*kn=*/false);
+      worker->RunStrided(rows, width, half, step > 0, a + k0 * elem, op.lda, packed, strided.data());
+      packed = worker->PrepareBStrided(width, half, reinterpret_cast<const char*>(kn.data()) +
+                                                        k0 * ld_kn * elem, ld_kn, /*kn=*/true);
+      worker->RunStrided(rows, width, half, step > 0, a + k0 * elem, op.lda, packed, from_kn.data());
+    }
+    EXPECT_EQ(std::memcmp(dense.data(), strided.data(), dense.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(dense.data(), from_kn.data(), dense.size() * 4), 0);
+  }
+  if (MoeGemmHasOneDnn()) {  // oneDNN's kernels are made for the shape's strides: refused
+    const EnvScope onednn("GRADKIT_GEMM", "onednn");
+    MoeTileGemmShape shape{};
+    shape.gemm_dtype = DType::kF32, shape.max_rows = 16, shape.row_granule = 16, shape.ldc = 16;
+    shape.ldb = 32, shape.lda = 32, shape.widths = {16}, shape.steps = {{32, false}};
+    const auto gemm = MoeTileGemm::Create(shape);
+    EXPECT_FALSE(gemm->takes_any_stride());
+    std::vector<char> scratch(gemm->scratchpad_bytes() + 64);
+    const auto worker = gemm->MakeWorker(scratch.data());
+    std::vector<float> a(16 * 40), b(16 * 40), c(16 * 16);
+    EXPECT_THROW(worker->RunStrided(16, 16, 32, false, a.data(), 40, b.data(), c.data()),
+                 std::logic_error);
+  }
 }
 
 // Through the C API a bad value is the caller's error, named, found in phase 1.

@@ -143,6 +143,13 @@ TEST(moe_grad_plan, KBlocksBoundThreadMemory) {
       }
       EXPECT_LE(p.thread_bytes - p.gemm_scratchpad_bytes, kMoeGradThreadOperandBytes);
       EXPECT_EQ(p.layout.b_tiles.bytes > 0, dtype == DType::kF16 || p.k_blocks > 1);
+      // A GEMM that reads the weights at their own stride packs k-blocks in place: only float16
+      // (converted) goes through the B tile.
+      MoeGradMachine any_stride = Machine(4);
+      any_stride.gemm_any_stride = true;
+      const MoeGradPlan q = MakeMoeGradPlan(Shape(4096, 2, 8, 4096, n, dtype), any_stride);
+      EXPECT_EQ(q.b_copied, dtype == DType::kF16);
+      EXPECT_EQ(q.layout.b_tiles.bytes > 0, dtype == DType::kF16);
     }
   }
   // 3 MiB over (256 A rows in bfloat16 + 256 packed B columns in float32 + 256 copied B

@@ -27,6 +27,16 @@
 #endif
 
 namespace gk {
+
+const void* MoeTileGemm::Worker::PrepareBStrided(int64_t, int64_t, const void*, int64_t, bool) {
+  throw std::logic_error("MoE tile GEMM: B is taken at the shape's stride only");
+}
+
+void MoeTileGemm::Worker::RunStrided(int64_t, int64_t, int64_t, bool, const void*, int64_t,
+                                     const void*, float*) {
+  throw std::logic_error("MoE tile GEMM: A is taken at the shape's stride only");
+}
+
 namespace {
 
 // ---- gradkit's own kernel ----------------------------------------------------------------------
@@ -55,6 +65,7 @@ class MicroTileGemm final : public MoeTileGemm {
   int64_t row_granule() const override { return 1; }
   bool packs_b() const override { return shape_.prepared_b; }
   bool prepares_b_from_kn() const override { return shape_.prepared_b && shape_.ldb_kn > 0; }
+  bool takes_any_stride() const override { return true; }
 
   class MicroWorker final : public Worker {
    public:
@@ -74,6 +85,11 @@ class MicroTileGemm final : public MoeTileGemm {
       MoeMicroPackB(gemm_.shape_.gemm_dtype, width, reduce, b_kn, gemm_.shape_.ldb_kn, true, packed_);
       return packed_;
     }
+    const void* PrepareBStrided(int64_t width, int64_t reduce, const void* b, int64_t ldb,
+                                bool kn) override {
+      MoeMicroPackB(gemm_.shape_.gemm_dtype, width, reduce, b, ldb, kn, packed_);
+      return packed_;
+    }
     void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
              const void* b, float* c) override {
       const MoeTileGemmShape& shape = gemm_.shape_;
@@ -81,8 +97,13 @@ class MicroTileGemm final : public MoeTileGemm {
         MoeMicroPackB(shape.gemm_dtype, width, reduce, b, shape.LdbOf(reduce), false, packed_);
         b = packed_;
       }
-      MoeMicroGemm(shape.gemm_dtype, rows, width, reduce, a, shape.LdaOf(reduce),
-                   static_cast<const float*>(b), c, shape.ldc, accumulate, a_scratch_);
+      RunStrided(rows, width, reduce, accumulate, a, shape.LdaOf(reduce), b, c);
+    }
+    // b: packed (by PrepareB, PrepareBStrided or Run).
+    void RunStrided(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
+                    int64_t lda, const void* b, float* c) override {
+      MoeMicroGemm(gemm_.shape_.gemm_dtype, rows, width, reduce, a, lda,
+                   static_cast<const float*>(b), c, gemm_.shape_.ldc, accumulate, a_scratch_);
     }
 
    private:

@@ -70,6 +70,10 @@ class MoeTileGemm {
   virtual bool packs_b() const { return false; }
   // Whether Worker::PrepareBFromKN packs from shape.ldb_kn rows (else the caller transposes B).
   virtual bool prepares_b_from_kn() const { return false; }
+  // Whether Worker::PrepareBStrided and RunStrided take any row stride of A and B per call, and
+  // B as itself or its transpose (the own kernel), so that a caller reads operands in place
+  // instead of copying them to the shape's strides first (oneDNN's kernels are made for those).
+  virtual bool takes_any_stride() const { return false; }
 
   // What one thread runs its calls through; holds the library's per-call objects, reused.
   class Worker {
@@ -87,6 +91,13 @@ class MoeTileGemm {
     }
     virtual void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
                      const void* b, float* c) = 0;
+    // Only where takes_any_stride(): PrepareB from B [width, reduce] of row stride ldb, or with
+    // `kn` from B^T [reduce, width] of row stride ldb; Run with A of row stride lda. The same
+    // values give the same bits whatever the strides.
+    virtual const void* PrepareBStrided(int64_t width, int64_t reduce, const void* b, int64_t ldb,
+                                        bool kn);
+    virtual void RunStrided(int64_t rows, int64_t width, int64_t reduce, bool accumulate,
+                            const void* a, int64_t lda, const void* b, float* c);
   };
   // scratchpad: scratchpad_bytes() bytes owned by the calling thread for the worker's life.
   virtual std::unique_ptr<Worker> MakeWorker(void* scratchpad) const = 0;
