@@ -66,7 +66,7 @@ struct MoeGradRegion {
 struct MoeGradLayout {
   MoeGradRegion matmul_out_ring;      // threads x parall_num x [base_m, base_n] float32
   MoeGradRegion a_tiles;              // threads x [base_m, base_k] gemm dtype: gathered / padded gradY
-  MoeGradRegion b_tiles;              // threads x [base_n, base_k] gemm dtype: weight k-block (MoeGradCopiesB)
+  MoeGradRegion b_tiles;              // threads x [base_n, base_k] gemm dtype: weight k-block (b_copied)
   MoeGradRegion system;               // threads x gemm_scratchpad_bytes (the GEMM library's scratch)
   MoeGradRegion group_offsets;        // G + 1 int64: expert g owns rows [off[g], off[g + 1])
   MoeGradRegion row_token;            // M int64: token of each expanded row (inverse permutation)
