@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 #include <optional>
 
 #include "core/executor.h"
@@ -61,6 +62,9 @@ void ChooseKBlocks(int64_t n, int64_t most, MoeGradTiles& t) {
 // each unit reads (thin chunks re-read the weights, thin column blocks re-read gradY), weighted
 // by how many operations a thread of a large machine does per byte of its share of memory
 // bandwidth. Summed over 1, 2, 4, ... threads, each machine's cost counts its idle threads.
+// A thread reads an expert's weight block once for all the chunks of that column block it runs
+// (RunThread in moe_grad_api.cc): on t threads, unit u = chunk * blocks + block runs on thread
+// u % t, so the units share lcm(t, blocks) (thread, block) pairs, each reading the weights once.
 struct SplitCost {
   double total;      // summed over the machines
   double balance;    // the worst balance of the two largest machines
@@ -79,9 +83,12 @@ SplitCost EstimateSplit(const MoeGradShape& s, DType gemm_dtype, int64_t base_n,
   const double n = static_cast<double>(s.n);
   const double elem = static_cast<double>(ElementBytes(s.dtype));
   const double flop_per_byte = gemm_dtype == DType::kBF16 ? 64.0 : 16.0;
-  const double unit = 2.0 * padded * width * n + flop_per_byte * (experts * width * n + rows * n) * elem;
   SplitCost cost{0.0, 1.0};
   for (int32_t t = 1; t <= largest; t *= 2) {
+    const double pairs = static_cast<double>(std::min<int64_t>(units, std::lcm<int64_t>(t, blocks)));
+    const double weight_reads = static_cast<double>(units) / pairs;  // chunks per weight block read
+    const double unit = 2.0 * padded * width * n +
+                        flop_per_byte * (experts * width * n / weight_reads + rows * n) * elem;
     cost.total += static_cast<double>(CeilDiv(units, t) * t) * unit;
   }
   for (int32_t t : {largest, std::max(1, largest / 2)}) {
