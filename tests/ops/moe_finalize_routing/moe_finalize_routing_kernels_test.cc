@@ -126,6 +126,38 @@ TEST_P(MoeFinalizeKernelsTest, StreamedWeightedSumWritesThePlainBytes) {
   }
 }
 
+// Each output element is its products, each rounded to float32, added in slot order from 0,
+// then rounded once to the output dtype, whatever step (four, two, one vector, scalar tail)
+// covers its column: random values, where another order or a fused multiply-add shows.
+TEST_P(MoeFinalizeKernelsTest, WeightedSumIsProductsAddedInSlotOrder) {
+  for (DType y_dtype : kFloats) {
+    for (int64_t count : {int64_t{1}, int64_t{2}, int64_t{8}, kMoeFinalizeForwardSlots}) {
+      for (int64_t n : {1, 9, 31, 33, 64, 100, 129, 333}) {
+        Rows y(y_dtype, count, 7);
+        std::vector<const void*> rows(count);
+        std::vector<float> probs(count), out(n);
+        for (int64_t s = 0; s < count; ++s) {
+          rows[s] = y.row(s);
+          probs[s] = 0.3f + 0.0173f * static_cast<float>(s * s) - 0.07f * static_cast<float>(s);
+        }
+        MoeFinalizeSumArgs args{y_dtype, rows.data(), probs.data(), count, n, nullptr,
+                                nullptr, DType::kF32, out.data()};
+        MoeFinalizeWeightedSum(args);
+        for (int64_t j = 0; j < n; ++j) {
+          float want = 0.0f;
+          for (int64_t s = 0; s < count; ++s) {
+            volatile float product = probs[s] * LoadAsF32(rows[s], j, y_dtype);  // no contraction
+            want = want + product;
+          }
+          ASSERT_EQ(F32Bits(out[j]), F32Bits(want))
+              << GetParam() << " y " << DTypeName(y_dtype) << ", count " << count << ", n " << n
+              << ", column " << j;
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTargets, MoeFinalizeKernelsTest, ::testing::ValuesIn(AvailableIsas()),
                          [](const auto& info) { return info.param; });
 

@@ -55,8 +55,8 @@ bool RowsAligned(D d, void* const* rows, int64_t count) {
   return true;
 }
 
-// Two vectors of columns per step (the sums of different columns are independent, so this
-// changes no result), then one vector, then the scalar tail. kStream: the two-vector stores
+// Four vectors of columns per step, then two, then one, then the scalar tail (the sums of
+// different columns are independent, so the step changes no result). kStream: the two-vector stores
 // are non-temporal (out vector-aligned).
 template <class Y, class Out, bool kStream>
 void WeightedSumT(const MoeFinalizeSumArgs& a) {
@@ -66,6 +66,30 @@ void WeightedSumT(const MoeFinalizeSumArgs& a) {
   auto* out = a.out != nullptr ? AsLanes<Out>(a.out) : nullptr;
   const auto start = [&](int64_t j) { return a.acc_in ? hn::LoadU(df, a.acc_in + j) : hn::Zero(df); };
   int64_t j = 0;
+  // Four independent chains of additions hide the add latency that two leave exposed with
+  // many slots (topK 8: 8 dependent adds per vector).
+  for (; j + 4 * lanes <= n; j += 4 * lanes) {
+    PrefetchRows<Y>(a.next_rows, a.next_count, j, 4 * lanes);
+    auto acc0 = start(j), acc1 = start(j + lanes);
+    auto acc2 = start(j + 2 * lanes), acc3 = start(j + 3 * lanes);
+    for (int64_t s = 0; s < a.count; ++s) {
+      const auto* row = AsLanes<Y>(a.rows[s]);
+      const auto p = hn::Set(df, a.probs[s]);
+      acc0 = hn::Add(acc0, hn::Mul(p, LoadAsF32<Y>(df, row + j)));
+      acc1 = hn::Add(acc1, hn::Mul(p, LoadAsF32<Y>(df, row + j + lanes)));
+      acc2 = hn::Add(acc2, hn::Mul(p, LoadAsF32<Y>(df, row + j + 2 * lanes)));
+      acc3 = hn::Add(acc3, hn::Mul(p, LoadAsF32<Y>(df, row + j + 3 * lanes)));
+    }
+    if (out != nullptr) {
+      StorePairFromF32<Out, kStream>(df, acc0, acc1, out + j);
+      StorePairFromF32<Out, kStream>(df, acc2, acc3, out + j + 2 * lanes);
+    } else {
+      hn::StoreU(acc0, df, a.acc_out + j);
+      hn::StoreU(acc1, df, a.acc_out + j + lanes);
+      hn::StoreU(acc2, df, a.acc_out + j + 2 * lanes);
+      hn::StoreU(acc3, df, a.acc_out + j + 3 * lanes);
+    }
+  }
   for (; j + 2 * lanes <= n; j += 2 * lanes) {
     PrefetchRows<Y>(a.next_rows, a.next_count, j, 2 * lanes);
     auto acc0 = start(j), acc1 = start(j + lanes);
