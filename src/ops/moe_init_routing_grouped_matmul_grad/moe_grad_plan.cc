@@ -167,8 +167,8 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape) {
   return tiles;
 }
 
-bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles) {
-  return shape.dtype == DType::kF16 || tiles.k_blocks > 1 || shape.weight_nk;
+bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_any_stride) {
+  return shape.dtype == DType::kF16 || (!gemm_any_stride && (tiles.k_blocks > 1 || shape.weight_nk));
 }
 
 MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape) {
@@ -178,7 +178,9 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape) {
   g.max_rows = t.base_m;
   g.row_granule = kMoeGradRowGranule;
   g.ldc = t.base_n;
-  g.ldb = MoeGradCopiesB(shape, t) ? t.base_k : shape.n;
+  // The strides oneDNN's kernels are made for (a GEMM of any stride copies float16 only, the
+  // same B tile).
+  g.ldb = MoeGradCopiesB(shape, t, /*gemm_any_stride=*/false) ? t.base_k : shape.n;
   g.widths = {t.base_n};
   if (t.last_block_cols != t.base_n) g.widths.push_back(t.last_block_cols);
   g.lda = t.base_k;
@@ -221,7 +223,7 @@ MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& mac
   p.last_k = tiles.last_k;
   p.row_granule = machine.gemm_row_granule;
   p.gemm_any_stride = machine.gemm_any_stride;
-  p.b_copied = MoeGradCopiesB(shape, tiles) && !(p.gemm_any_stride && shape.dtype != DType::kF16);
+  p.b_copied = MoeGradCopiesB(shape, tiles, p.gemm_any_stride);
   p.parall_num = kMoeGradParallNum;
   p.col_blocks = tiles.col_blocks;
   p.last_block_cols = tiles.last_block_cols;

@@ -90,7 +90,7 @@ struct MoeGradPlan {
   // The GEMM reads gradY and the weights in place at their own strides, k-blocks too (A: where
   // a tile's rows are consecutive; else, and for float16, through the A tile).
   bool gemm_any_stride;
-  bool b_copied;              // each k-block of weights goes through the B tile (MoeGradCopiesB)
+  bool b_copied;              // weight k-blocks go through the B tile (MoeGradCopiesB)
   int64_t parall_num;         // ring slots per thread (tiles in flight per k-block pass)
   int32_t threads;            // the machine's threads, at most one per unit
   int32_t machine_threads;    // the machine's threads (load_balance counts idle ones)
@@ -124,14 +124,14 @@ struct MoeGradTiles {
   int64_t token_chunks, tokens_per_chunk;
 };
 MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape);
-// Whether each k-block of a weight block is copied into the thread's B tile first, on a GEMM
+// Whether each k-block of a weight block is copied into the thread's B tile first. On a GEMM
 // that takes the shape's strides only (oneDNN): float16 weights are converted to float32 (the
 // GEMM has no float16), and k-blocks of a longer reduction are made dense ([base_n, base_k]), the
 // layout oneDNN's brgemm takes without falling back to its slower gemm:jit for a strided B;
 // weights stored [G, N, K] are transposed into it. The GEMM then sees the same B tile whatever
 // the weight's layout: the same bits. A GEMM that takes any stride packs B from the weights in
-// place (either layout), so only float16 is copied (MoeGradPlan::b_copied).
-bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles);
+// place (either layout), so only float16 is copied.
+bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_any_stride);
 // The tile GEMM shapes of a problem (see cpu/moe_grad_gemm.h).
 MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape);
 // Max over mean units per thread when `units` are dealt round robin to `threads`.

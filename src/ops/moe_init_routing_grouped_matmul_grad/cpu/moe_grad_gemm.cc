@@ -75,15 +75,13 @@ class MicroTileGemm final : public MoeTileGemm {
           a_scratch_(reinterpret_cast<float*>(static_cast<char*>(scratchpad) + gemm.packed_bytes_)) {}
     const void* PrepareB(int64_t width, int64_t reduce, const void* b) override {
       if (!gemm_.shape_.prepared_b) return b;
-      MoeMicroPackB(gemm_.shape_.gemm_dtype, width, reduce, b, gemm_.shape_.LdbOf(reduce), false, packed_);
-      return packed_;
+      return PrepareBStrided(width, reduce, b, gemm_.shape_.LdbOf(reduce), /*kn=*/false);
     }
     const void* PrepareBFromKN(int64_t width, int64_t reduce, const void* b_kn) override {
       if (!gemm_.prepares_b_from_kn()) {
         throw std::logic_error("MoE tile GEMM: B^T rows were not prepared for");
       }
-      MoeMicroPackB(gemm_.shape_.gemm_dtype, width, reduce, b_kn, gemm_.shape_.ldb_kn, true, packed_);
-      return packed_;
+      return PrepareBStrided(width, reduce, b_kn, gemm_.shape_.ldb_kn, /*kn=*/true);
     }
     const void* PrepareBStrided(int64_t width, int64_t reduce, const void* b, int64_t ldb,
                                 bool kn) override {
