@@ -49,6 +49,20 @@ std::vector<uint8_t> HashedBuffer(int64_t elems, DType dtype, uint64_t seed, int
 std::vector<float> ToF32(const std::vector<uint8_t>& buffer, DType dtype, int32_t threads);
 
 // A dense tensor descriptor over caller-owned data, released with the handle.
+// Bytes from a 64-byte boundary, as PyTorch's and most allocators hand tensors out (a large
+// std::vector's data sits 16 bytes past a page: kernels' aligned-store paths would never run).
+class AlignedBytes {
+ public:
+  explicit AlignedBytes(size_t bytes, uint8_t fill = 0) : storage_(bytes + 64, fill) {}
+  uint8_t* data() {
+    const auto address = reinterpret_cast<uintptr_t>(storage_.data());
+    return storage_.data() + (64 - address % 64) % 64;
+  }
+
+ private:
+  std::vector<uint8_t> storage_;
+};
+
 class TensorHandle {
  public:
   TensorHandle(const std::vector<int64_t>& dims, DType dtype, const void* data);

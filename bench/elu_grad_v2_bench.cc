@@ -48,7 +48,7 @@ EluGradV2BenchResult RunEluGradV2BenchCase(const EluGradV2BenchCase& c, double m
   const int64_t elem_bytes = ElementBytes(c.dtype);
   const auto dy = RandomBuffer(c.elems, c.dtype, -2.0f, 2.0f, 1);
   const auto x = RandomBuffer(c.elems, c.dtype, -4.0f, 4.0f, 2);
-  std::vector<uint8_t> y(static_cast<size_t>(c.elems * elem_bytes));
+  AlignedBytes y(static_cast<size_t>(c.elems * elem_bytes));  // 64-byte aligned, as torch's
   const int64_t moved_bytes = 3 * c.elems * elem_bytes;
 
   Check(gkSetNumThreads(c.threads));
@@ -104,7 +104,7 @@ EluGradV2BenchResult RunEluGradV2BenchCase(const EluGradV2BenchCase& c, double m
     });
   }
   const size_t torch_index = candidates.size();
-  std::vector<uint8_t> torch_y(y.size());
+  std::vector<uint8_t> torch_y(static_cast<size_t>(c.elems * elem_bytes));
   if (auto torch_run = MakeTorchEluBackward(dy.data(), x.data(), torch_y.data(), c.elems, c.dtype,
                                             kAlpha, kScale, kInputScale, c.is_result, c.threads,
                                             &r.torch_note)) {

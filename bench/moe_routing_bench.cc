@@ -79,8 +79,8 @@ std::vector<MoeRoutingBenchResult> RunMoeRoutingBenchCase(const MoeRoutingBenchC
           skewed ? 0 : static_cast<int64_t>(1 + (b + j * 7 + generator() % 3) % (c.g - 1));
     }
   }
-  std::vector<uint8_t> x(static_cast<size_t>(c.batch * h * elem), 0x3c);
-  std::vector<uint8_t> expanded_x(static_cast<size_t>(slots * h * elem));
+  AlignedBytes x(static_cast<size_t>(c.batch * h * elem), 0x3c);
+  AlignedBytes expanded_x(static_cast<size_t>(slots * h * elem));
   std::vector<int64_t> row_idx(static_cast<size_t>(slots)), group_list(static_cast<size_t>(c.g));
   TensorHandle x_t({c.batch, h}, c.dtype, x.data());
   TensorHandle experts_t({c.batch, c.top_k}, DType::kI64, expert_idx.data());
@@ -103,7 +103,7 @@ std::vector<MoeRoutingBenchResult> RunMoeRoutingBenchCase(const MoeRoutingBenchC
 
   // Finalize: expandedY [M, H] (the second expert matmul's output) back to [batch, H].
   std::vector<float> probs(static_cast<size_t>(slots), 0.5f);
-  std::vector<uint8_t> out(static_cast<size_t>(c.batch * h * elem));
+  AlignedBytes out(static_cast<size_t>(c.batch * h * elem));
   TensorHandle probs_t({c.batch, c.top_k}, DType::kF32, probs.data());
   TensorHandle out_t({c.batch, h}, c.dtype, out.data());
   PlannedOp finalize(
@@ -115,7 +115,7 @@ std::vector<MoeRoutingBenchResult> RunMoeRoutingBenchCase(const MoeRoutingBenchC
   results.push_back(Measure(c, "finalize", m, m * h * elem + c.batch * h * elem + slots * 12,
                             [&] { finalize(); }, min_seconds));
 
-  std::vector<uint8_t> grad_y(static_cast<size_t>(m * h * elem));
+  AlignedBytes grad_y(static_cast<size_t>(m * h * elem));
   std::vector<float> grad_probs(static_cast<size_t>(slots));
   TensorHandle grad_y_t({m, h}, c.dtype, grad_y.data());
   TensorHandle grad_probs_t({c.batch, c.top_k}, DType::kF32, grad_probs.data());

@@ -3,7 +3,9 @@
 #include <hwy/targets.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <mutex>
+#include <string>
 
 #include "core/c_api_guard.h"
 #include "gradkit/base.h"  // gkGetVersion and gkGetCpuIsa: declared with GK_API (exported)
@@ -13,17 +15,69 @@ namespace {
 std::mutex isa_mutex;
 }  // namespace
 
-CacheInfo DetectCaches() {
+int64_t ParseSysfsCacheSize(const std::string& text) {
+  size_t i = 0;
+  int64_t value = 0;
+  for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+    if (value > (int64_t{1} << 40)) return -1;
+    value = value * 10 + (text[i] - '0');
+  }
+  if (i == 0) return -1;
+  int64_t unit = 1;
+  if (i < text.size() && (text[i] == 'K' || text[i] == 'M' || text[i] == 'G')) {
+    unit = text[i] == 'K' ? int64_t{1} << 10 : text[i] == 'M' ? int64_t{1} << 20 : int64_t{1} << 30;
+    ++i;
+  }
+  while (i < text.size() && (text[i] == '\n' || text[i] == ' ')) ++i;
+  return i == text.size() ? value * unit : -1;
+}
+
+namespace {
+
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  std::getline(in, text);
+  return text;
+}
+
+// CPU 0's data and unified caches by level from /sys/devices/system/cpu/cpu0/cache/index*/.
+void ReadSysfsCaches(CacheInfo& info) {
+  for (int index = 0; index < 16; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    const std::string level = ReadSmallFile(dir + "level"), type = ReadSmallFile(dir + "type");
+    if (level.empty()) break;
+    if (type != "Data" && type != "Unified") continue;
+    const int64_t bytes = ParseSysfsCacheSize(ReadSmallFile(dir + "size"));
+    if (bytes <= 0) continue;
+    if (level == "1") info.l1d_bytes_per_core = bytes;
+    if (level == "2") info.l2_bytes_per_core = bytes;
+    if (level == "3" || level == "4") info.llc_bytes = bytes;  // the deepest level listed
+  }
+}
+
+CacheInfo DetectCachesOnce() {
   CacheInfo info{32 * 1024, 512 * 1024, 8 * 1024 * 1024};
+  bool have_llc = false;
 #ifdef _SC_LEVEL1_DCACHE_SIZE
   if (const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE); l1 > 0) info.l1d_bytes_per_core = l1;
   if (const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE); l2 > 0) info.l2_bytes_per_core = l2;
   if (const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE); l3 > 0) {
     info.llc_bytes = l3;
-  } else {
-    info.llc_bytes = info.l2_bytes_per_core;
+    have_llc = true;
   }
 #endif
+  const int64_t sysconf_llc = info.llc_bytes;
+  info.llc_bytes = -1;
+  ReadSysfsCaches(info);
+  if (info.llc_bytes <= 0) info.llc_bytes = have_llc ? sysconf_llc : info.l2_bytes_per_core;
+  return info;
+}
+
+}  // namespace
+
+CacheInfo DetectCaches() {
+  static const CacheInfo info = DetectCachesOnce();
   return info;
 }
 

@@ -10,9 +10,15 @@ namespace gk {
 struct CacheInfo {
   int64_t l1d_bytes_per_core;
   int64_t l2_bytes_per_core;
-  int64_t llc_bytes;  // the last-level cache, shared
+  int64_t llc_bytes;  // the last-level cache one core reaches (one instance, shared by its group)
 };
-CacheInfo DetectCaches();  // from the OS; conservative defaults where it says nothing
+// From the OS, read once per process: Linux's sysfs cache entries of CPU 0 (the size of one
+// instance), else sysconf, else conservative defaults. sysconf alone is not enough: glibc reports
+// a whole AMD package's L3 (eight 32 MiB instances on a Zen 3 EPYC give 256 MiB) where a core
+// reaches one instance.
+CacheInfo DetectCaches();
+// A sysfs cache size ("32K", "32768K", "1M", "512"): bytes, or -1 when the text is not one.
+int64_t ParseSysfsCacheSize(const std::string& text);
 
 // SIMD targets compiled in and supported here, best first (e.g. {"AVX3_DL", "AVX3", "AVX2", ...}),
 // ending in the scalar fallback.

@@ -93,6 +93,11 @@ void PrintInfo() {
   std::printf("cpu isa:    %s (available: %s)\n", gkGetCpuIsa(),
               fmt::format("{}", fmt::join(AvailableIsas(), ", ")).c_str());
   std::printf("threads:    %d\n", gkGetNumThreads());
+  const CacheInfo caches = DetectCaches();
+  std::printf("caches:     L1d %lld KiB, L2 %lld KiB per core; last level %lld MiB (what plans see)\n",
+              static_cast<long long>(caches.l1d_bytes_per_core >> 10),
+              static_cast<long long>(caches.l2_bytes_per_core >> 10),
+              static_cast<long long>(caches.llc_bytes >> 20));
   std::printf("libtorch:   %s\n",
               bench::TorchPeerAvailable()
                   ? fmt::format("{} (benchmark peer, loaded by `gradkit bench` only)",

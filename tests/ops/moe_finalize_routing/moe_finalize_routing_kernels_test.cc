@@ -1,6 +1,7 @@
 // MoeFinalizeRouting's kernels with non-temporal stores write the bytes of the plain ones:
 // every SIMD target, every (y, out / gradOut, gradExpandedY) dtype, slot counts, widths with and
-// without a one-vector step (48, 112: on 16-lane targets too) and a scalar tail, output rows aligned (streamed) and not (plain stores);
+// without a one-vector step (48, 112: on 16-lane targets too) and a scalar tail, output rows on
+// a cache line (streamed) and not (plain stores);
 // and the plans stream exactly when the bytes moved outgrow the last-level cache.
 #include <gtest/gtest.h>
 
@@ -60,7 +61,10 @@ TEST_P(MoeFinalizeKernelsTest, StreamedGradSlotsWriteThePlainBytes) {
       for (DType g_dtype : {DType::kF32, y_dtype}) {
         for (int64_t count = 1; count <= kMoeFinalizeBackwardSlots; ++count) {
           for (int64_t n : {1, 7, 48, 64, 112, 200, 333}) {
-            for (int64_t offset : {0, 1}) {  // 1: the grad_y rows are not vector-aligned
+            // Elements the grad_y rows start past a cache line (32: on the next line,
+            // streamed; 1, 3: mid-line, plain stores); -1: row s at s elements (only row 0 on a
+            // line: plain stores).
+            for (int64_t offset : {0, 1, 3, 32, -1}) {
               Rows y(y_dtype, count, 1), g(g_dtype, 1, 2);
               Rows plain(gy_dtype, count, 3), streamed(gy_dtype, count, 3);
               const void* y_rows[4];
@@ -69,8 +73,9 @@ TEST_P(MoeFinalizeKernelsTest, StreamedGradSlotsWriteThePlainBytes) {
               float probs[4], plain_probs[4], streamed_probs[4];
               for (int64_t s = 0; s < count; ++s) {
                 y_rows[s] = y.row(s);
-                plain_rows[s] = plain.row(s, offset);
-                streamed_rows[s] = streamed.row(s, offset);
+                const int64_t row_offset = offset >= 0 ? offset : s;
+                plain_rows[s] = plain.row(s, row_offset);
+                streamed_rows[s] = streamed.row(s, row_offset);
                 probs[s] = 0.25f * static_cast<float>(s + 1);
               }
               MoeFinalizeGradArgs args{g_dtype, g.row(0), y_dtype, y_rows, probs, count, n,
@@ -101,7 +106,7 @@ TEST_P(MoeFinalizeKernelsTest, StreamedWeightedSumWritesThePlainBytes) {
     for (DType out_dtype : {DType::kF32, y_dtype}) {
       for (int64_t count : {int64_t{1}, int64_t{3}, kMoeFinalizeForwardSlots}) {
         for (int64_t n : {1, 7, 48, 64, 112, 200, 333}) {
-          for (int64_t offset : {0, 1}) {
+          for (int64_t offset : {0, 1, 3, 32}) {  // elements past a cache line
             Rows y(y_dtype, count, 4), plain(out_dtype, 1, 5), streamed(out_dtype, 1, 5);
             std::vector<const void*> rows(count);
             std::vector<float> probs(count), acc(n);

@@ -84,8 +84,22 @@ HWY_NOINLINE void EluGradV2Body(const void* dy_bytes, const void* x_bytes, void*
     const int64_t head = std::min<int64_t>(
         n, static_cast<int64_t>((kAlign - y_address % kAlign) % kAlign / sizeof(OutLane)));
     run_padded(0, head);
-    for (i = head; i + 2 * lanes <= n; i += 2 * lanes) {
-      StorePairFromF32<Out, true, kBf16Asm>(df, compute(i), compute(i + lanes), y + i);
+    // A burst at a time: computed into a buffer in L1 with plain stores, then streamed out
+    // (non-temporal stores interleaved with the input loads measured 30% slower than plain
+    // stores on Zen 3; in bursts of their own they are not).
+    constexpr int64_t kBurstBytes = 4096;
+    HWY_ALIGN OutLane burst[kBurstBytes / sizeof(OutLane)];
+    const int64_t burst_elems = kBurstBytes / static_cast<int64_t>(sizeof(OutLane));
+    for (i = head; i + 2 * lanes <= n;) {
+      const int64_t count = std::min(burst_elems, (n - i) / (2 * lanes) * (2 * lanes));
+      for (int64_t j = 0; j < count; j += 2 * lanes) {
+        StorePairFromF32<Out, false, kBf16Asm>(df, compute(i + j), compute(i + j + lanes), burst + j);
+      }
+      const auto* from = reinterpret_cast<const float*>(burst);
+      auto* to = reinterpret_cast<float*>(y + i);  // aligned: i - head is whole vectors
+      const int64_t floats = count * static_cast<int64_t>(sizeof(OutLane)) / 4;
+      for (int64_t f = 0; f < floats; f += lanes) hn::Stream(hn::Load(df, from + f), df, to + f);
+      i += count;
     }
   } else {
     for (; i + 2 * lanes <= n; i += 2 * lanes) {

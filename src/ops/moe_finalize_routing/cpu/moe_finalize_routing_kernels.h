@@ -35,7 +35,7 @@ struct MoeFinalizeSumArgs {
   // (memory is then fetched ahead instead of the next rows' first lines waiting).
   const void* const* next_rows = nullptr;
   int64_t next_count = 0;
-  // Write `out` with non-temporal stores where it is vector-aligned (same bytes; the caller
+  // Write `out` with non-temporal stores when it starts on a cache line (same bytes; the caller
   // ends its share with FlushStreamingStores()).
   bool stream = false;
 };
@@ -62,7 +62,8 @@ struct MoeFinalizeGradArgs {
   const void* const* next_rows = nullptr;
   int64_t next_count = 0;
   const void* next_grad_out = nullptr;
-  // As MoeFinalizeSumArgs: the grad_y rows streamed when every one of them is vector-aligned.
+  // As MoeFinalizeSumArgs: the grad_y rows streamed when every one starts on a cache line (each
+  // row in turn, after the dot products).
   bool stream = false;
 };
 void MoeFinalizeGradSlots(const MoeFinalizeGradArgs& args);
