@@ -23,7 +23,7 @@ void StreamCopyT(void* dst, const void* src, size_t bytes) {
   const auto* in = static_cast<const uint8_t*>(src);
   // From the first cache line of dst on (a multiple of the vector): no line is written partly
   // by memcpy's cached stores and partly by non-temporal ones.
-  constexpr size_t kLine = 64;
+  constexpr size_t kLine = kStreamLineBytes;
   const size_t head = (kLine - reinterpret_cast<uintptr_t>(out) % kLine) % kLine;
   if (bytes < head + 2 * vec) {
     std::memcpy(dst, src, bytes);

@@ -8,6 +8,11 @@
 
 namespace gk {
 
+// Where non-temporal stores start: on a cache line. A line written partly by plain stores and
+// partly by non-temporal ones (or by two bursts of them) reaches memory in pieces, at a cost
+// above the read-for-ownership the streaming was to save. Every kernel that streams uses this.
+inline constexpr size_t kStreamLineBytes = 64;
+
 // dst[0, bytes) = src[0, bytes). Where the SIMD target has non-temporal stores (x86, AVX2 and
 // later) the bytes from dst's first 64-byte boundary on are streamed (the head and the tail by
 // memcpy); elsewhere, and for copies under two vectors past that boundary, it is memcpy.

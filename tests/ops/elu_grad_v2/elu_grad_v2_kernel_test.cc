@@ -2,13 +2,17 @@
 // width and the tile, against the float64 reference; and the special values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include <hwy/base.h>  // HWY_ARCH_X86_64
 
+#include "core/cpu/stream_copy.h"
 #include "core/cpu_info.h"
 #include "ops/elu_grad_v2/cpu/elu_grad_v2_kernels.h"
 #include "ops/elu_grad_v2/elu_grad_v2_plan.h"
@@ -95,6 +99,35 @@ TEST_P(EluGradV2KernelTest, StreamingStoresGiveTheSameBytes) {
   e.kernel(dy.data(), x.data(), cached.bytes.data() + ElementBytes(e.output), n - 1, coef, false);
   e.kernel(dy.data(), x.data(), streamed.bytes.data() + ElementBytes(e.output), n - 1, coef, true);
   EXPECT_EQ(cached.bytes, streamed.bytes);
+}
+
+// Streaming starts on y's first cache line (kStreamLineBytes), wherever y starts in its line:
+// the bytes of plain stores at every offset, nothing written around them.
+TEST_P(EluGradV2KernelTest, StreamedOutputAtEveryLineOffset) {
+  const auto& e = GetParam().entry;
+  const int64_t out_bytes = ElementBytes(e.output);
+  const int64_t n = 4099;
+  Buffer dy = RandomBuffer(e.input, n, -3.0f, 3.0f, 5), x = RandomBuffer(e.input, n, -5.0f, 5.0f, 6);
+  const auto coef = FoldEluGradV2Coefficients(1.0, 1.0507, 1.0);
+  const int64_t line = static_cast<int64_t>(kStreamLineBytes);
+  for (int64_t offset = 0; offset < line; offset += std::max<int64_t>(out_bytes, 4)) {
+    SCOPED_TRACE(::testing::Message() << "y " << offset << " bytes past a line");
+    std::vector<uint8_t> cached(static_cast<size_t>(n * out_bytes + 2 * line), 0xA5);
+    std::vector<uint8_t> streamed = cached;
+    const auto at = [&](std::vector<uint8_t>& v) {
+      const auto address = reinterpret_cast<uintptr_t>(v.data());
+      return v.data() + (line - address % line) % line + offset;
+    };
+    uint8_t* const y_cached = at(cached);
+    uint8_t* const y_streamed = at(streamed);
+    e.kernel(dy.data(), x.data(), y_cached, n, coef, false);
+    e.kernel(dy.data(), x.data(), y_streamed, n, coef, true);
+    EXPECT_EQ(std::memcmp(y_cached, y_streamed, static_cast<size_t>(n * out_bytes)), 0);
+    for (uint8_t* p = streamed.data(); p < y_streamed; ++p) ASSERT_EQ(*p, 0xA5) << "before y";
+    for (uint8_t* p = y_streamed + n * out_bytes; p < streamed.data() + streamed.size(); ++p) {
+      ASSERT_EQ(*p, 0xA5) << "after y";
+    }
+  }
 }
 
 TEST_P(EluGradV2KernelTest, SpecialValues) {

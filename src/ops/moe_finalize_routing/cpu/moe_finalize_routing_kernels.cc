@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/cpu/convert-inl.h"
+#include "core/cpu/stream_copy.h"
 #include "ops/moe_finalize_routing/cpu/moe_finalize_routing_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -49,7 +50,7 @@ HWY_INLINE void PrefetchRows(const void* const* rows, int64_t count, int64_t j, 
 // read-for-ownership would have.
 bool RowsOnLines(void* const* rows, int64_t count) {
   for (int64_t s = 0; s < count; ++s) {
-    if (reinterpret_cast<uintptr_t>(rows[s]) % 64 != 0) return false;
+    if (reinterpret_cast<uintptr_t>(rows[s]) % kStreamLineBytes != 0) return false;
   }
   return true;
 }
