@@ -93,7 +93,8 @@ HWY_NOINLINE void EluGradV2Body(const void* dy_bytes, const void* x_bytes, void*
   if (kHasStreamingStores && stream_output && y_address % sizeof(OutLane) == 0) {
     // Peel up to the output's first cache line, then stream pairs of vectors.
     constexpr uintptr_t kAlign = kStreamLineBytes;
-    static_assert(kAlign % (hn::MaxLanes(df) * sizeof(float)) == 0, "lines hold whole vectors");
+    static_assert(!kHasStreamingStores || kAlign % (hn::MaxLanes(df) * sizeof(float)) == 0,
+                  "lines hold whole vectors");
     const int64_t head = std::min<int64_t>(
         n, static_cast<int64_t>((kAlign - y_address % kAlign) % kAlign / sizeof(OutLane)));
     run_padded(0, head);
