@@ -57,20 +57,14 @@ void ReadSysfsCaches(CacheInfo& info) {
 }
 
 CacheInfo DetectCachesOnce() {
-  CacheInfo info{32 * 1024, 512 * 1024, 8 * 1024 * 1024};
-  bool have_llc = false;
+  CacheInfo info{32 * 1024, 512 * 1024, /*llc_bytes=*/-1};
 #ifdef _SC_LEVEL1_DCACHE_SIZE
   if (const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE); l1 > 0) info.l1d_bytes_per_core = l1;
   if (const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE); l2 > 0) info.l2_bytes_per_core = l2;
-  if (const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE); l3 > 0) {
-    info.llc_bytes = l3;
-    have_llc = true;
-  }
+  if (const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE); l3 > 0) info.llc_bytes = l3;
 #endif
-  const int64_t sysconf_llc = info.llc_bytes;
-  info.llc_bytes = -1;
-  ReadSysfsCaches(info);
-  if (info.llc_bytes <= 0) info.llc_bytes = have_llc ? sysconf_llc : info.l2_bytes_per_core;
+  ReadSysfsCaches(info);  // one instance per level, where Linux lists them: over sysconf's
+  if (info.llc_bytes <= 0) info.llc_bytes = info.l2_bytes_per_core;
   return info;
 }
 
