@@ -3,6 +3,12 @@
 #include <hwy/targets.h>
 #include <unistd.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include <cstring>
+
 #include <fstream>
 #include <mutex>
 #include <string>
@@ -73,6 +79,35 @@ CacheInfo DetectCachesOnce() {
 CacheInfo DetectCaches() {
   static const CacheInfo info = DetectCachesOnce();
   return info;
+}
+
+CpuIdentity CpuIdentityFromSignature(uint32_t eax) {
+  const int base_family = static_cast<int>((eax >> 8) & 0xF);
+  const int base_model = static_cast<int>((eax >> 4) & 0xF);
+  CpuIdentity id;
+  id.family = base_family == 0xF ? base_family + static_cast<int>((eax >> 20) & 0xFF) : base_family;
+  id.model = base_family == 0x6 || base_family == 0xF
+                 ? (static_cast<int>((eax >> 16) & 0xF) << 4) + base_model
+                 : base_model;
+  return id;
+}
+
+CpuIdentity DetectCpuIdentity() {
+  static const CpuIdentity identity = [] {
+    CpuIdentity id;
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return id;
+    char vendor[13] = {};
+    std::memcpy(vendor, &ebx, 4);
+    std::memcpy(vendor + 4, &edx, 4);
+    std::memcpy(vendor + 8, &ecx, 4);
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0) id = CpuIdentityFromSignature(eax);
+    id.vendor = vendor;
+#endif
+    return id;
+  }();
+  return identity;
 }
 
 std::vector<std::string> AvailableIsas() {

@@ -20,6 +20,19 @@ CacheInfo DetectCaches();
 // A sysfs cache size ("32K", "32768K", "1M", "512"): bytes, or -1 when the text is not one.
 int64_t ParseSysfsCacheSize(const std::string& text);
 
+// The CPU's maker and family, as cpuid reports them (x86); elsewhere vendor "" and 0s. Plans
+// keep rules measured on one family of CPUs to that family (e.g. which tile GEMM runs faster).
+struct CpuIdentity {
+  std::string vendor;  // "GenuineIntel", "AuthenticAMD", ...
+  int family = 0;      // display family: AMD Zen 3 and Zen 4 are 0x19, Zen 5 0x1A, Intel cores 6
+  int model = 0;       // display model
+};
+CpuIdentity DetectCpuIdentity();
+// Family and model from cpuid leaf 1's EAX: the extended family is added only when the base
+// family is 0xF, the extended model prepended only for base families 6 and 0xF (both vendors'
+// rule). Vendor left empty.
+CpuIdentity CpuIdentityFromSignature(uint32_t eax);
+
 // SIMD targets compiled in and supported here, best first (e.g. {"AVX3_DL", "AVX3", "AVX2", ...}),
 // ending in the scalar fallback.
 std::vector<std::string> AvailableIsas();

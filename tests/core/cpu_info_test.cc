@@ -39,5 +39,41 @@ TEST(DetectCaches, LevelsAreOrderedAndTheLastLevelIsOneInstance) {
   }
 }
 
+// Leaf 1 EAX values of known parts: AMD EPYC 9004 (Zen 4), 9005 (Zen 5), Zen 3, Intel Sapphire
+// Rapids, and a base family below 6 (no extended model).
+TEST(CpuIdentityFromSignature, FoldsTheExtendedFields) {
+  const struct {
+    uint32_t eax;
+    int family, model;
+  } cases[] = {{0x00A10F11, 0x19, 0x11}, {0x00B00F21, 0x1A, 0x02}, {0x00A00F11, 0x19, 0x01},
+               {0x000806F8, 0x6, 0x8F}, {0x00000435, 0x4, 0x3}};
+  for (const auto& c : cases) {
+    const CpuIdentity id = CpuIdentityFromSignature(c.eax);
+    EXPECT_EQ(id.family, c.family) << std::hex << c.eax;
+    EXPECT_EQ(id.model, c.model) << std::hex << c.eax;
+  }
+}
+
+// What the kernel says of CPU 0 (x86's /proc/cpuinfo), where it says it.
+TEST(DetectCpuIdentity, AgreesWithProcCpuinfo) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, vendor;
+  int family = -1, model = -1;
+  while (std::getline(in, line) && line.find_first_not_of(" \t") != std::string::npos) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos || colon + 2 > line.size()) continue;
+    const std::string key = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
+    const std::string value = line.substr(colon + 2);
+    if (key == "vendor_id") vendor = value;
+    if (key == "cpu family") family = std::stoi(value);
+    if (key == "model") model = std::stoi(value);
+  }
+  if (vendor.empty() || family < 0 || model < 0) GTEST_SKIP() << "no x86 /proc/cpuinfo here";
+  const CpuIdentity id = DetectCpuIdentity();
+  EXPECT_EQ(id.vendor, vendor);
+  EXPECT_EQ(id.family, family);
+  EXPECT_EQ(id.model, model);
+}
+
 }  // namespace
 }  // namespace gk

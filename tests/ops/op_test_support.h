@@ -5,13 +5,34 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "gradkit/gradkit.h"
 
 namespace gk::testing {
+
+// Sets an environment variable for the scope and restores it after.
+class EnvScope {
+ public:
+  EnvScope(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) saved_ = old;
+    setenv(name, value, 1);
+  }
+  ~EnvScope() {
+    if (saved_.empty()) unsetenv(name_);
+    else setenv(name_, saved_.c_str(), 1);
+  }
+  EnvScope(const EnvScope&) = delete;
+  EnvScope& operator=(const EnvScope&) = delete;
+
+ private:
+  const char* name_;
+  std::string saved_;
+};
 
 #if defined(__SANITIZE_ADDRESS__)
 inline constexpr bool kUnderSanitizer = true;

@@ -94,6 +94,7 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
     g.row_counts = {last_rows};
     if (last_rows != t.base_m) g.row_counts.push_back(t.base_m);
     g.dense_steps = true;
+    g.own_f32_where_faster = true;
     g.steps.clear();
     for (int64_t r = kGroupedMatmulRowGranule; r <= t.reduce; r += kGroupedMatmulRowGranule) {
       g.steps.push_back({r, false});

@@ -189,6 +189,7 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape) {
   // OneDnnTileGemm in cpu/moe_grad_gemm.cc), measured faster than oneDNN's packing on every call
   // (docs/benchmarks.md).
   g.prepared_b = true;
+  g.own_f32_where_faster = true;
   g.steps = {{t.base_k, false}};
   if (t.k_blocks > 1) {
     if (t.k_blocks > 2 || t.last_k == t.base_k) g.steps.push_back({t.base_k, true});

@@ -40,6 +40,8 @@ TEST(grouped_matmul_plan, BPackedOnceByGradkitsPackerOnOneDnn2) {
   if (MoeTileGemmChoiceFromEnv() == MoeTileGemmChoice::kGradkit) {
     GTEST_SKIP() << "GRADKIT_GEMM=gradkit: the tiles do not run on oneDNN";
   }
+  // oneDNN's tiles, wherever auto would take them or not (MoeOwnF32TilesOutrunBrgemm).
+  const gk::testing::EnvScope onednn("GRADKIT_GEMM", "onednn");
   int cases = 0;
   for (GroupedMatmulOp op : {GroupedMatmulOp::kForward, GroupedMatmulOp::kWeightGrad}) {
     for (DType dtype : {DType::kF32, DType::kBF16}) {
@@ -62,6 +64,22 @@ TEST(grouped_matmul_plan, BPackedOnceByGradkitsPackerOnOneDnn2) {
     }
   }
   if (cases == 0) GTEST_SKIP() << "this CPU has no brgemm kernel for float32 or bfloat16 (AVX-512)";
+}
+
+// auto: the forward on oneDNN wherever it runs brgemm; the weight gradient's float32 tiles on the
+// micro-kernel where the CPU rule says they run faster (the fused op's rule), bfloat16 on oneDNN.
+TEST(grouped_matmul_plan, AutoTakesOneDnnWhereItHasBrgemm) {
+  if (MoeTileGemmChoiceFromEnv() != MoeTileGemmChoice::kAuto) GTEST_SKIP() << "GRADKIT_GEMM set";
+  const bool own_f32 = MoeOwnF32TilesOutrunBrgemm(DetectCpuIdentity());
+  for (GroupedMatmulOp op : {GroupedMatmulOp::kForward, GroupedMatmulOp::kWeightGrad}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const bool own = op == GroupedMatmulOp::kWeightGrad && dtype == DType::kF32 && own_f32;
+      const bool onednn = MoeGemmHasOneDnn() && gk::testing::CpuHasBrgemmFor(dtype) && !own;
+      EXPECT_EQ(DetectGroupedMatmulMachine(Shape(op, 700, 300, 200, 5, dtype)).gemm_backend,
+                onednn ? "onednn" : "gradkit")
+          << (op == GroupedMatmulOp::kForward ? "forward " : "weight grad ") << DTypeName(dtype);
+    }
+  }
 }
 
 TEST(grouped_matmul_plan, ForwardTilesFromTheShape) {

@@ -166,22 +166,7 @@ TEST_P(MoeMicroKernelTest, PackedFromRowsOrTransposeIsTheSamePanels) {
 INSTANTIATE_TEST_SUITE_P(AllTargets, MoeMicroKernelTest, ::testing::ValuesIn(AvailableIsas()),
                          [](const auto& info) { return info.param; });
 
-// Sets an environment variable for the scope and restores it after.
-class EnvScope {
- public:
-  EnvScope(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) saved_ = old;
-    setenv(name, value, 1);
-  }
-  ~EnvScope() {
-    if (saved_.empty()) unsetenv(name_);
-    else setenv(name_, saved_.c_str(), 1);
-  }
-
- private:
-  const char* name_;
-  std::string saved_;
-};
+using gk::testing::EnvScope;
 
 MoeGradShape SmallShape(DType dtype) {
   MoeGradShape s{};
@@ -191,16 +176,28 @@ MoeGradShape SmallShape(DType dtype) {
   return s;
 }
 
-// auto: oneDNN exactly where it has brgemm kernels for the dtype (decided from the CPU here),
-// else the micro-kernel, whose rows need no padding.
+// auto: oneDNN exactly where it has brgemm kernels for the dtype (decided from the CPU here) and
+// the fused op's float32 tiles are not faster on the micro-kernel on this CPU, else the
+// micro-kernel, whose rows need no padding.
 TEST(moe_grad_gemm, AutoTakesOneDnnWhereItHasBrgemm) {
   const EnvScope scope("GRADKIT_GEMM", "auto");
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     const MoeGradMachine m = DetectMoeGradMachine(SmallShape(dtype));
-    const bool onednn = MoeGemmHasOneDnn() && gk::testing::CpuHasBrgemmFor(dtype);
+    const bool own_faster = dtype == DType::kF32 && MoeOwnF32TilesOutrunBrgemm(DetectCpuIdentity());
+    const bool onednn = MoeGemmHasOneDnn() && gk::testing::CpuHasBrgemmFor(dtype) && !own_faster;
     EXPECT_EQ(m.gemm_backend, onednn ? "onednn" : "gradkit") << DTypeName(dtype);
     EXPECT_EQ(m.gemm_row_granule, onednn ? kMoeGradRowGranule : 1) << DTypeName(dtype);
   }
+}
+
+// The CPUs the float32 rule names: AMD family 0x19 (Zen 4 with AVX-512; Zen 3), not Zen 5, not
+// Intel, not an unknown CPU.
+TEST(moe_grad_gemm, OwnFloat32TilesOnZen4Only) {
+  EXPECT_TRUE(MoeOwnF32TilesOutrunBrgemm({"AuthenticAMD", 0x19, 0x11}));
+  EXPECT_TRUE(MoeOwnF32TilesOutrunBrgemm({"AuthenticAMD", 0x19, 0x01}));
+  EXPECT_FALSE(MoeOwnF32TilesOutrunBrgemm({"AuthenticAMD", 0x1A, 0x02}));
+  EXPECT_FALSE(MoeOwnF32TilesOutrunBrgemm({"GenuineIntel", 0x6, 0x8F}));
+  EXPECT_FALSE(MoeOwnF32TilesOutrunBrgemm({"", 0, 0}));
 }
 
 TEST(moe_grad_gemm, EnvironmentPicksTheGemm) {

@@ -666,11 +666,17 @@ MoeTileGemmChoice MoeTileGemmChoiceFromEnv() {
       "environment variable GRADKIT_GEMM = \"{}\": must be auto, onednn or gradkit", value));
 }
 
+bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu) {
+  return cpu.vendor == "AuthenticAMD" && cpu.family == 0x19;
+}
+
 std::unique_ptr<MoeTileGemm> MoeTileGemm::Create(const MoeTileGemmShape& shape) {
   const MoeTileGemmChoice choice = MoeTileGemmChoiceFromEnv();
 #if defined(GRADKIT_HAVE_DNNL)
+  const bool own_faster = shape.own_f32_where_faster && shape.gemm_dtype == DType::kF32 &&
+                          MoeOwnF32TilesOutrunBrgemm(DetectCpuIdentity());
   if (choice == MoeTileGemmChoice::kOneDnn ||
-      (choice == MoeTileGemmChoice::kAuto && OneDnnRunsBrgemm(shape))) {
+      (choice == MoeTileGemmChoice::kAuto && !own_faster && OneDnnRunsBrgemm(shape))) {
     try {
       return std::make_unique<OneDnnTileGemm>(shape);
     } catch (const dnnl::error&) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu_info.h"
 #include "core/dtype.h"
 
 namespace gk {
@@ -42,7 +43,18 @@ struct MoeTileGemmShape {
   // With prepared_b: when > 0, PrepareBFromKN is asked too, with B given as its transpose,
   // [reduce, width] rows of this stride (GroupedMatmul's [G, K, N] weights read in place).
   int64_t ldb_kn = 0;
+  // The caller's float32 tiles were measured faster on gradkit's micro-kernel than on oneDNN
+  // 2.6's brgemm on CPUs of MoeOwnF32TilesOutrunBrgemm: auto then takes the micro-kernel there.
+  // Set by the fused op and GroupedMatmulWeightGrad, not by GroupedMatmul's forward (whose dense
+  // x rows and B packed once per expert block run faster on oneDNN at S1/S4, docs/benchmarks.md).
+  bool own_f32_where_faster = false;
 };
+
+// CPUs where oneDNN 2.6's float32 brgemm loses to the micro-kernel on the fused op's and the
+// weight gradient's tiles: AMD family 0x19 (Zen 4, whose AVX-512 executes on 256-bit units; Zen 3 has no
+// AVX-512, so no brgemm). Measured on Zen 4 only (docs/benchmarks.md):
+// other families keep oneDNN's brgemm where it runs.
+bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu);
 
 // Tile GEMM: C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda) *
 // B[width, reduce]^T (row stride ldb). oneDNN 2.6's brgemm takes A only dense (lda = reduce):
@@ -52,7 +64,8 @@ class MoeTileGemm {
  public:
   virtual ~MoeTileGemm() = default;
   // By MoeTileGemmChoiceFromEnv: auto (the default) takes oneDNN where it is built in and runs
-  // the shape on its brgemm kernels (AVX-512), else gradkit's micro-kernel
+  // the shape on its brgemm kernels (AVX-512), unless own_f32_where_faster holds on this CPU for
+  // float32 tiles (MoeOwnF32TilesOutrunBrgemm), else gradkit's micro-kernel
   // (moe_grad_microkernel.h: AVX2, and every dtype oneDNN has no GEMM for); onednn takes oneDNN
   // wherever it accepts every call of the shape; gradkit always the micro-kernel. oneDNN's kernels
   // are all generated here (phase 1), for one thread: the library sizes its scratchpad and
