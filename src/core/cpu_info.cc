@@ -8,7 +8,6 @@
 #endif
 
 #include <cstring>
-
 #include <fstream>
 #include <mutex>
 #include <string>

@@ -51,9 +51,9 @@ struct MoeTileGemmShape {
 };
 
 // CPUs where oneDNN 2.6's float32 brgemm loses to the micro-kernel on the fused op's and the
-// weight gradient's tiles: AMD family 0x19 (Zen 4, whose AVX-512 executes on 256-bit units; Zen 3 has no
-// AVX-512, so no brgemm). Measured on Zen 4 only (docs/benchmarks.md):
-// other families keep oneDNN's brgemm where it runs.
+// weight gradient's tiles: AMD family 0x19 (Zen 4, whose AVX-512 executes on 256-bit units;
+// Zen 3 has no AVX-512, so no brgemm). Measured on Zen 4 only (docs/benchmarks.md): other
+// families keep oneDNN's brgemm where it runs.
 bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu);
 
 // Tile GEMM: C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda) *
