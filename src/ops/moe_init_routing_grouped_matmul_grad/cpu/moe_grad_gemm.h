@@ -43,17 +43,18 @@ struct MoeTileGemmShape {
   // With prepared_b: when > 0, PrepareBFromKN is asked too, with B given as its transpose,
   // [reduce, width] rows of this stride (GroupedMatmul's [G, K, N] weights read in place).
   int64_t ldb_kn = 0;
-  // The caller's float32 tiles were measured faster on gradkit's micro-kernel than on oneDNN
-  // 2.6's brgemm on CPUs of MoeOwnF32TilesOutrunBrgemm: auto then takes the micro-kernel there.
+  // The caller's float32 tiles were measured faster (the weight gradient's: at its slowest shape)
+  // on gradkit's micro-kernel than on oneDNN 2.6's brgemm on CPUs of MoeOwnF32TilesOutrunBrgemm:
+  // auto then takes the micro-kernel there.
   // Set by the fused op and GroupedMatmulWeightGrad, not by GroupedMatmul's forward (whose dense
   // x rows and B packed once per expert block run faster on oneDNN at S1/S4, docs/benchmarks.md).
   bool own_f32_where_faster = false;
 };
 
-// CPUs where oneDNN 2.6's float32 brgemm loses to the micro-kernel on the fused op's and the
-// weight gradient's tiles: AMD family 0x19 (Zen 4, whose AVX-512 executes on 256-bit units;
-// Zen 3 has no AVX-512, so no brgemm). Measured on Zen 4 only (docs/benchmarks.md): other
-// families keep oneDNN's brgemm where it runs.
+// CPUs where oneDNN 2.6's float32 brgemm loses to the micro-kernel on the fused op's tiles (and
+// on the weight gradient's at S3, while a few points ahead of it at S2/S4): AMD family 0x19
+// (Zen 4, whose AVX-512 executes on 256-bit units; Zen 3 has no AVX-512, so no brgemm).
+// Measured on Zen 4 only (docs/benchmarks.md): other families keep oneDNN's brgemm.
 bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu);
 
 // Tile GEMM: C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda) *
