@@ -99,31 +99,41 @@ SplitCost EstimateSplit(const MoeGradShape& s, DType gemm_dtype, int64_t base_n,
   return cost;
 }
 
+// The longest k-block whose operands, as a thread owns them, stay within
+// kMoeGradThreadOperandBytes whatever N: the A tile (kMoeGradBestBaseM rows), the packed B (float32
+// whatever the dtype: gradkit's own kernel widens bfloat16 weights once, at packing) and, when
+// copied, the B tile. N itself when the whole reduction fits.
+// - A GEMM of the shape's strides (oneDNN): the packed B counted at the widest block
+//   (kMoeGradBestBaseN); k-blocks of a longer reduction always copy B (MoeGradCopiesB).
+// - A GEMM of any stride (gradkit's micro-kernel) reads gradY and the weights in place and packs
+//   the block's own columns: B is copied for float16 only. Longer k-blocks there let a weight
+//   block be packed once for all of a thread's chunks (S3 float32: one k-block of 2048 instead
+//   of two of 1024, each packed again for every chunk).
+int64_t LongestKBlock(const MoeGradShape& s, const MoeGradTiles& tiles, bool gemm_any_stride) {
+  const uint64_t gemm_elem = static_cast<uint64_t>(ElementBytes(tiles.gemm_dtype));
+  const uint64_t a_tile = static_cast<uint64_t>(kMoeGradBestBaseM) * gemm_elem;
+  const uint64_t n = static_cast<uint64_t>(std::max<int64_t>(s.n, 1));
+  const auto longest = [&](uint64_t per_element) {
+    return static_cast<int64_t>(std::min(n, kMoeGradThreadOperandBytes / per_element));
+  };
+  if (gemm_any_stride) {
+    const uint64_t cols = static_cast<uint64_t>(tiles.base_n);
+    return longest(a_tile + cols * sizeof(float) + (s.dtype == DType::kF16 ? cols * gemm_elem : 0));
+  }
+  const uint64_t a_and_packed = a_tile + static_cast<uint64_t>(kMoeGradBestBaseN) * sizeof(float);
+  const uint64_t copied_b = kMoeGradBestBaseN * gemm_elem;
+  const uint64_t whole = (a_and_packed + (s.dtype == DType::kF16 ? copied_b : 0)) * n;
+  return whole <= kMoeGradThreadOperandBytes ? s.n : longest(a_and_packed + copied_b);
+}
+
 }  // namespace
 
-MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape) {
+MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape, bool gemm_any_stride) {
   MoeGradTiles tiles{};
   tiles.gemm_dtype = shape.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
   // As the seed: base = min(best, extent), the row tile rounded up to the padding granule.
   const int64_t rows = RoundUp(std::max<int64_t>(shape.m, 1), kMoeGradRowGranule);
   tiles.base_m = std::min(kMoeGradBestBaseM, rows);
-
-  // k-blocks: a thread's A tile, the library's packed B and (when copied) its B tile stay
-  // within kMoeGradThreadOperandBytes, whatever N. The whole reduction in one call when it fits
-  // (gradY rows are then read in place); else k-blocks, whose B is always copied.
-  // The packed B counts as float32 whatever the dtype: gradkit's own kernel widens bfloat16
-  // weights once, at packing (cpu/moe_grad_microkernel.h).
-  const uint64_t gemm_elem = static_cast<uint64_t>(ElementBytes(tiles.gemm_dtype));
-  const uint64_t a_and_packed = static_cast<uint64_t>(kMoeGradBestBaseM) * gemm_elem +
-                                static_cast<uint64_t>(kMoeGradBestBaseN) * sizeof(float);
-  const uint64_t copied_b = kMoeGradBestBaseN * gemm_elem;
-  const uint64_t whole = (a_and_packed + (shape.dtype == DType::kF16 ? copied_b : 0)) *
-                         static_cast<uint64_t>(shape.n);
-  ChooseKBlocks(shape.n,
-                whole <= kMoeGradThreadOperandBytes
-                    ? shape.n
-                    : static_cast<int64_t>(kMoeGradThreadOperandBytes / (a_and_packed + copied_b)),
-                tiles);
 
   // Units: the machine size the work is worth (each thread at least kMoeGradMinThreadFlop),
   // at most kMoeGradPlannedThreads; then the cheapest (width, chunks) by EstimateSplit, among
@@ -164,6 +174,8 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape) {
   tiles.last_block_cols = columns.last;
   tiles.tokens_per_chunk = CeilDiv(std::max<int64_t>(shape.batch, 1), best->chunks);
   tiles.token_chunks = CeilDiv(std::max<int64_t>(shape.batch, 1), tiles.tokens_per_chunk);
+
+  ChooseKBlocks(shape.n, LongestKBlock(shape, tiles, gemm_any_stride), tiles);
   return tiles;
 }
 
@@ -171,8 +183,8 @@ bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles, bool g
   return shape.dtype == DType::kF16 || (!gemm_any_stride && (tiles.k_blocks > 1 || shape.weight_nk));
 }
 
-MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape) {
-  const MoeGradTiles t = ChooseMoeGradTiles(shape);
+MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape, bool gemm_any_stride) {
+  const MoeGradTiles t = ChooseMoeGradTiles(shape, gemm_any_stride);
   MoeTileGemmShape g;
   g.gemm_dtype = t.gemm_dtype;
   g.max_rows = t.base_m;
@@ -205,15 +217,28 @@ MoeGradMachine MoeGradMachineOf(const MoeTileGemm& gemm, const MoeTileGemmShape&
   return machine;
 }
 
+MoeGradGemm CreateMoeGradGemm(const MoeGradShape& shape) {
+  MoeGradGemm made{MoeGradTileGemmShape(shape, /*gemm_any_stride=*/false), nullptr};
+  made.gemm = MoeTileGemm::Create(made.shape);
+  if (made.gemm->takes_any_stride()) {
+    MoeTileGemmShape own = MoeGradTileGemmShape(shape, /*gemm_any_stride=*/true);
+    if (own.steps != made.shape.steps) {
+      made.shape = std::move(own);
+      made.gemm = MoeTileGemm::CreateOwn(made.shape);
+    }
+  }
+  return made;
+}
+
 MoeGradMachine DetectMoeGradMachine(const MoeGradShape& shape) {
-  const MoeTileGemmShape gemm_shape = MoeGradTileGemmShape(shape);
-  return MoeGradMachineOf(*MoeTileGemm::Create(gemm_shape), gemm_shape);
+  const MoeGradGemm made = CreateMoeGradGemm(shape);
+  return MoeGradMachineOf(*made.gemm, made.shape);
 }
 
 MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& machine) {
   MoeGradPlan p{};
   p.shape = shape;
-  const MoeGradTiles tiles = ChooseMoeGradTiles(shape);
+  const MoeGradTiles tiles = ChooseMoeGradTiles(shape, machine.gemm_any_stride);
   p.gemm_dtype = tiles.gemm_dtype;
   p.gemm_backend = machine.gemm_backend;
   p.gemm_impls = machine.gemm_impls;

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -123,7 +124,9 @@ struct MoeGradTiles {
   int64_t base_k, k_blocks, last_k;
   int64_t token_chunks, tokens_per_chunk;
 };
-MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape);
+// gemm_any_stride: the GEMM reads operands at any stride (MoeTileGemm::takes_any_stride), which
+// sets how long a k-block may be (LongestKBlock in moe_grad_plan.cc).
+MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape, bool gemm_any_stride);
 // Whether each k-block of a weight block is copied into the thread's B tile first. On a GEMM
 // that takes the shape's strides only (oneDNN): float16 weights are converted to float32 (the
 // GEMM has no float16), and k-blocks of a longer reduction are made dense ([base_n, base_k]), the
@@ -132,8 +135,18 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape);
 // the weight's layout: the same bits. A GEMM that takes any stride packs B from the weights in
 // place (either layout), so only float16 is copied.
 bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_any_stride);
-// The tile GEMM shapes of a problem (see cpu/moe_grad_gemm.h).
-MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape);
+// The tile GEMM shapes of a problem (see cpu/moe_grad_gemm.h), for a GEMM of any stride or not.
+MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape, bool gemm_any_stride);
+// The tile GEMM the executor runs and the shape it is made for. MoeTileGemm::Create chooses the
+// library on the tiles of a GEMM of the shape's strides; when it chose one of any stride (gradkit's
+// micro-kernel), whose k-blocks may be longer, the tiles are made again for it (and the kernel
+// with them, when they differ). MakeMoeGradPlan with MoeGradMachineOf(*gemm, shape) gets the same
+// tiles.
+struct MoeGradGemm {
+  MoeTileGemmShape shape;
+  std::unique_ptr<MoeTileGemm> gemm;
+};
+MoeGradGemm CreateMoeGradGemm(const MoeGradShape& shape);
 // Max over mean units per thread when `units` are dealt round robin to `threads`.
 double MoeGradLoadBalance(int64_t units, int32_t threads);
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -150,8 +151,23 @@ TEST(moe_grad_plan, KBlocksBoundThreadMemory) {
       const MoeGradPlan q = MakeMoeGradPlan(Shape(4096, 2, 8, 4096, n, dtype), any_stride);
       EXPECT_EQ(q.b_copied, dtype == DType::kF16);
       EXPECT_EQ(q.layout.b_tiles.bytes > 0, dtype == DType::kF16);
+      // Its operands: the A and B tiles, and its packed B (the block's own columns in float32,
+      // in the GEMM's scratchpad).
+      EXPECT_EQ((q.k_blocks - 1) * q.base_k + q.last_k, n);
+      EXPECT_LE((q.layout.a_tiles.bytes + q.layout.b_tiles.bytes) / q.threads +
+                    static_cast<uint64_t>(q.base_n * q.base_k) * sizeof(float),
+                kMoeGradThreadOperandBytes);
+      EXPECT_LE(q.k_blocks, p.k_blocks);
     }
   }
+  // S3 (N 2048, 64-column blocks): one k-block on a GEMM of any stride, each weight block then
+  // packed once for all of a thread's chunks; two on one of the shape's strides (whose packed B
+  // counts 256 columns, and whose k-blocks copy B).
+  MoeGradMachine any_stride = Machine(2);
+  any_stride.gemm_any_stride = true;
+  const MoeGradShape s3 = Shape(1024, 8, 60, 7168, 2048);
+  EXPECT_EQ(MakeMoeGradPlan(s3, any_stride).k_blocks, 1);
+  EXPECT_EQ(MakeMoeGradPlan(s3, Machine(2)).k_blocks, 2);
   // 3 MiB over (256 A rows in bfloat16 + 256 packed B columns in float32 + 256 copied B
   // columns in bfloat16) bytes per reduction element: at most 1536, equal blocks of 1024.
   EXPECT_EQ(MakeMoeGradPlan(Shape(4096, 2, 8, 4096, 14336, DType::kBF16), Machine(4)).base_k, 1024);
@@ -235,6 +251,35 @@ TEST(moe_grad_plan, LoadBalanceOfTheStaticSchedule) {
   EXPECT_DOUBLE_EQ(MoeGradLoadBalance(224, 128), 2.0 / 1.75);
   EXPECT_DOUBLE_EQ(MoeGradLoadBalance(3, 2), 2.0 / 1.5);
   EXPECT_DOUBLE_EQ(MoeGradLoadBalance(64, 128), 2.0);  // half the threads idle
+}
+
+// The tiles of the plan are those the tile GEMM was made for (its packed B and prepared kernels
+// are sized by them), whichever library each GRADKIT_GEMM choice gets: the micro-kernel's tiles
+// are made again for it (longer k-blocks), oneDNN keeps those of the shape's strides.
+TEST(moe_grad_plan, TilesAreThoseTheGemmWasMadeFor) {
+  const MoeGradShape shapes[] = {Shape(4096, 2, 8, 2048, 1408), Shape(1024, 8, 60, 7168, 2048),
+                                 Shape(300, 4, 3, 160, 3200), Shape(4096, 2, 8, 4096, 14336)};
+  for (const char* choice : {"auto", "onednn", "gradkit"}) {
+    const gk::testing::EnvScope env("GRADKIT_GEMM", choice);
+    for (const MoeGradShape& base : shapes) {
+      for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+        SCOPED_TRACE(::testing::Message() << choice << " " << DTypeName(dtype) << " N " << base.n);
+        MoeGradShape s = base;
+        s.dtype = dtype;
+        const MoeGradGemm made = CreateMoeGradGemm(s);
+        const MoeGradPlan p = MakeMoeGradPlan(s, MoeGradMachineOf(*made.gemm, made.shape));
+        ASSERT_FALSE(made.shape.steps.empty());
+        EXPECT_EQ(made.shape.steps.front().reduce, p.base_k);
+        EXPECT_EQ(made.shape.steps.back().reduce, p.last_k);
+        EXPECT_EQ(made.shape.steps.size() > 1, p.k_blocks > 1);
+        EXPECT_EQ(p.gemm_any_stride, made.gemm->takes_any_stride());
+        if (std::string_view(choice) == "gradkit") EXPECT_EQ(made.gemm->name(), "gradkit");
+        const MoeGradTiles strided = ChooseMoeGradTiles(s, /*gemm_any_stride=*/false);
+        if (!p.gemm_any_stride) EXPECT_EQ(p.base_k, strided.base_k);
+        EXPECT_LE(p.k_blocks, strided.k_blocks);
+      }
+    }
+  }
 }
 
 // On oneDNN 2.x B is packed once per block by gradkit's packer (MoePackB), which phase 1 checks

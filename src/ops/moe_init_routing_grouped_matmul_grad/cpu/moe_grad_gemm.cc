@@ -686,6 +686,10 @@ std::unique_ptr<MoeTileGemm> MoeTileGemm::Create(const MoeTileGemmShape& shape) 
 #else
   (void)choice;
 #endif
+  return CreateOwn(shape);
+}
+
+std::unique_ptr<MoeTileGemm> MoeTileGemm::CreateOwn(const MoeTileGemmShape& shape) {
   return std::make_unique<MicroTileGemm>(shape);
 }
 

@@ -73,6 +73,9 @@ class MoeTileGemm {
   // blocking for the single thread each call runs on. Throws ConfigError (core/error.h) for a
   // bad GRADKIT_GEMM.
   static std::unique_ptr<MoeTileGemm> Create(const MoeTileGemmShape& shape);
+  // gradkit's micro-kernel for the shape, whatever GRADKIT_GEMM and the CPU (for a caller whose
+  // tiles are made again once Create chose it).
+  static std::unique_ptr<MoeTileGemm> CreateOwn(const MoeTileGemmShape& shape);
   virtual std::string name() const = 0;                     // the library, e.g. "onednn"
   virtual std::string impl(int64_t width) const = 0;        // its implementation for that width
   virtual uint64_t scratchpad_bytes() const = 0;            // per calling thread
