@@ -273,9 +273,13 @@ TEST(moe_grad_plan, TilesAreThoseTheGemmWasMadeFor) {
         EXPECT_EQ(made.shape.steps.back().reduce, p.last_k);
         EXPECT_EQ(made.shape.steps.size() > 1, p.k_blocks > 1);
         EXPECT_EQ(p.gemm_any_stride, made.gemm->takes_any_stride());
-        if (std::string_view(choice) == "gradkit") EXPECT_EQ(made.gemm->name(), "gradkit");
+        if (std::string_view(choice) == "gradkit") {
+          EXPECT_EQ(made.gemm->name(), "gradkit");
+        }
         const MoeGradTiles strided = ChooseMoeGradTiles(s, /*gemm_any_stride=*/false);
-        if (!p.gemm_any_stride) EXPECT_EQ(p.base_k, strided.base_k);
+        if (!p.gemm_any_stride) {
+          EXPECT_EQ(p.base_k, strided.base_k);
+        }
         EXPECT_LE(p.k_blocks, strided.k_blocks);
       }
     }

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "core/cpu/convert-inl.h"
+#include "core/cpu/transpose-inl.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -58,12 +59,23 @@ HWY_NOINLINE void PackBPanel(const uint8_t* b, int64_t row_bytes, bool kn, int64
     int64_t n = 0;
     for (; n + lanes <= cols; n += lanes) {
       const uint8_t* rows = b + n * row_bytes;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+      // Eight words of each of the 8 rows at a time through a register transpose (the words of
+      // one step stay inside one k-block: w0 starts a block, w + 8 <= w1 ends in it), measured
+      // faster than the gathers, which serve the rest.
+      static_assert(hn::MaxLanes(d32) == 8);
+      const uint32_t* row[8];
+      for (int r = 0; r < 8; ++r) row[r] = reinterpret_cast<const uint32_t*>(rows + r * row_bytes);
+#endif
       for (int64_t w0 = 0; w0 < words; w0 += block_words) {
         // Weights are often cold: ask for each row's bytes kPrefetchBytes ahead.
         for (int64_t r = 0; r < lanes; ++r) hwy::Prefetch(rows + r * row_bytes + w0 * 4 + kPrefetchBytes);
-        uint32_t* target = out(w0) + n;
         const int64_t w1 = std::min(words, w0 + block_words);
-        for (int64_t w = w0; w < w1; ++w, target += n_block) {
+        int64_t w = w0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+        for (; w + 8 <= w1; w += 8) Transpose8x8Words(row, w, out(w) + n, n_block);
+#endif
+        for (uint32_t* target = out(w) + n; w < w1; ++w, target += n_block) {
           const auto* base = reinterpret_cast<const uint32_t*>(rows + w * 4);
           hn::StoreU(hn::GatherOffset(d32, base, offsets), d32, target);
         }

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "core/cpu/convert-inl.h"
+#include "core/cpu/transpose-inl.h"
 #include "core/plan_math.h"
 
 #ifndef GK_MOE_MICROKERNEL_CONSTANTS
@@ -41,55 +42,23 @@ HWY_NOINLINE int64_t MicroPanelWidth() {
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 // float32 columns [0, 8 * (cols / 8)) of a panel from B's rows by 8 x 8 register transposes
-// (4.5 shuffles per 8 values, against a gather's 8 loads): 8 rows read side by side, 8 values
-// of each per step. Returns the columns done.
+// (Transpose8x8Words): 8 rows read side by side, 8 values of each per step. Returns the columns
+// done.
 HWY_INLINE int64_t PackPanelFromRowsF32x8(const uint8_t* b, int64_t row_bytes, int64_t n0,
                                           int64_t cols, int64_t reduce, int64_t nr, float* panel) {
-  const hn::FixedTag<float, 8> d;
-  const hn::Repartition<double, decltype(d)> dd;
   int64_t n = 0;
   for (; n + 8 <= cols; n += 8) {
-    const float* row[8];
-    for (int r = 0; r < 8; ++r) row[r] = reinterpret_cast<const float*>(b + (n0 + n + r) * row_bytes);
+    const uint32_t* row[8];
+    for (int r = 0; r < 8; ++r) row[r] = reinterpret_cast<const uint32_t*>(b + (n0 + n + r) * row_bytes);
     int64_t k = 0;
     for (; k + 8 <= reduce; k += 8) {
       if (k % 16 == 0) {  // weights often come cold: each row's bytes ahead
         for (int r = 0; r < 8; ++r) hwy::Prefetch(row[r] + k + kPrefetchBytes / 4);
       }
-      const auto r0 = hn::LoadU(d, row[0] + k), r1 = hn::LoadU(d, row[1] + k);
-      const auto r2 = hn::LoadU(d, row[2] + k), r3 = hn::LoadU(d, row[3] + k);
-      const auto r4 = hn::LoadU(d, row[4] + k), r5 = hn::LoadU(d, row[5] + k);
-      const auto r6 = hn::LoadU(d, row[6] + k), r7 = hn::LoadU(d, row[7] + k);
-      // Pairs of rows interleaved (per 128-bit half), then pairs of pairs, then the halves.
-      const auto t0 = hn::BitCast(dd, hn::InterleaveLower(d, r0, r1));
-      const auto t1 = hn::BitCast(dd, hn::InterleaveUpper(d, r0, r1));
-      const auto t2 = hn::BitCast(dd, hn::InterleaveLower(d, r2, r3));
-      const auto t3 = hn::BitCast(dd, hn::InterleaveUpper(d, r2, r3));
-      const auto t4 = hn::BitCast(dd, hn::InterleaveLower(d, r4, r5));
-      const auto t5 = hn::BitCast(dd, hn::InterleaveUpper(d, r4, r5));
-      const auto t6 = hn::BitCast(dd, hn::InterleaveLower(d, r6, r7));
-      const auto t7 = hn::BitCast(dd, hn::InterleaveUpper(d, r6, r7));
-      // u_j: value j (lower half) and j + 4 (upper half) of rows 0-3 / 4-7.
-      const auto u0 = hn::BitCast(d, hn::InterleaveLower(dd, t0, t2));
-      const auto u1 = hn::BitCast(d, hn::InterleaveUpper(dd, t0, t2));
-      const auto u2 = hn::BitCast(d, hn::InterleaveLower(dd, t1, t3));
-      const auto u3 = hn::BitCast(d, hn::InterleaveUpper(dd, t1, t3));
-      const auto v0 = hn::BitCast(d, hn::InterleaveLower(dd, t4, t6));
-      const auto v1 = hn::BitCast(d, hn::InterleaveUpper(dd, t4, t6));
-      const auto v2 = hn::BitCast(d, hn::InterleaveLower(dd, t5, t7));
-      const auto v3 = hn::BitCast(d, hn::InterleaveUpper(dd, t5, t7));
-      float* out = panel + k * nr + n;
-      hn::StoreU(hn::ConcatLowerLower(d, v0, u0), d, out + 0 * nr);
-      hn::StoreU(hn::ConcatLowerLower(d, v1, u1), d, out + 1 * nr);
-      hn::StoreU(hn::ConcatLowerLower(d, v2, u2), d, out + 2 * nr);
-      hn::StoreU(hn::ConcatLowerLower(d, v3, u3), d, out + 3 * nr);
-      hn::StoreU(hn::ConcatUpperUpper(d, v0, u0), d, out + 4 * nr);
-      hn::StoreU(hn::ConcatUpperUpper(d, v1, u1), d, out + 5 * nr);
-      hn::StoreU(hn::ConcatUpperUpper(d, v2, u2), d, out + 6 * nr);
-      hn::StoreU(hn::ConcatUpperUpper(d, v3, u3), d, out + 7 * nr);
+      Transpose8x8Words(row, k, reinterpret_cast<uint32_t*>(panel + k * nr + n), nr);
     }
     for (; k < reduce; ++k) {
-      for (int r = 0; r < 8; ++r) panel[k * nr + n + r] = row[r][k];
+      for (int r = 0; r < 8; ++r) std::memcpy(panel + k * nr + n + r, row[r] + k, 4);
     }
   }
   return n;
