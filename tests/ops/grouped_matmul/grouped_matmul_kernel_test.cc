@@ -118,7 +118,8 @@ TEST_F(grouped_matmul_kernels, StoreRowRoundsOnceToNearestEven) {
 // MoePackB (B packed once into oneDNN's blocked layout) against the layout's formula, element by
 // element, padding included: both dtypes' words (float32, bfloat16 pairs), B given as columns'
 // rows or as its transpose's rows, blocks visited k first (BA) and n first (AB), and sizes that
-// end inside a block, inside a pair and inside a gathered vector of 8 columns.
+// end inside a block, inside a pair, inside a gathered vector of 8 columns and inside a step of
+// the 8 x 8 register transpose (8 words of 8 columns).
 TEST_F(grouped_matmul_kernels, PackBWritesTheBlockedLayout) {
   Run([] {
     for (DType dtype : {DType::kF32, DType::kBF16}) {
