@@ -9,11 +9,12 @@
 // into the tile's slot of its thread's matmul-out ring, then adds the tiles' rows into gradX
 // while they are still in cache. No [M, K] buffer exists, and no per-thread buffer grows with N.
 //
-// Determinism by construction: units, tiles, k-blocks and GEMM shapes depend on the shape only,
-// never on the thread count, each GEMM runs single-threaded, and every gradX element receives
-// its terms in ascending expanded row. Threads only decide which unit runs where (round robin,
-// the seed's curr_abs_block_num = coreIdx, += coreNum); a thread runs its units column block by
-// column block, expert by expert across its chunks, which reorders whole units only.
+// Determinism by construction: units, tiles, k-blocks and GEMM shapes depend on the shape (and
+// the GEMM library) only, never on the thread count, each GEMM runs single-threaded, and every
+// gradX element receives its terms in ascending expanded row. Threads only decide which unit runs
+// where (round robin, the seed's curr_abs_block_num = coreIdx, += coreNum); a thread zeroes its
+// units, then runs them expert by expert, each of its column blocks and chunks in turn, which
+// interleaves whole units' expert steps only.
 //
 // Units are planned for kMoeGradPlannedThreads threads whatever machine runs them: the column
 // width and the token chunks are chosen by an estimate of the time on 1, 2, 4, ... up to that many
@@ -117,7 +118,8 @@ MoeGradMachine MoeGradMachineOf(const MoeTileGemm& gemm, const MoeTileGemmShape&
 MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& machine);
 std::string MoeGradPlanToJson(const MoeGradPlan& plan);
 
-// The work split of a shape (what the GEMM library is asked to prepare): pure, shape-only.
+// The work split of a shape (what the GEMM library is asked to prepare): pure, a function of the
+// shape and of whether the GEMM takes any stride (k-blocks), never of the thread count.
 struct MoeGradTiles {
   DType gemm_dtype;
   int64_t base_m, base_n, last_block_cols, col_blocks;

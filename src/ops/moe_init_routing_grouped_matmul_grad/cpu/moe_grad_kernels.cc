@@ -46,7 +46,8 @@ HWY_NOINLINE void AddRowF32(float* dst, const float* src, int64_t n) {
 // words). Plain B (b[n * ldb + k]): 8 columns' rows at a time, each read from start to end before
 // the next 8, so the hardware streams 8 rows and the lines stay in L1 even when the row stride
 // is a multiple of 4 KiB; 8 words of each through a register transpose on x86 (bfloat16 S3 of
-// the fused op 74-75% -> 81% of dense on Zen 4), else and for the rest one gather per word. kn (b[k * ldb + n]): rows k (and k + 1) read along n.
+// the fused op 69% -> 82-83% of dense on Zen 4), else and for the rest one gather per word.
+// kn (b[k * ldb + n]): rows k (and k + 1) read along n.
 constexpr int64_t kPrefetchBytes = 512;
 HWY_NOINLINE void PackBPanel(const uint8_t* b, int64_t row_bytes, bool kn, int64_t pair,
                              int64_t cols, int64_t words, uint32_t* dst, int64_t n_block,
