@@ -188,7 +188,7 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape, bool gemm_any_s
   MoeTileGemmShape g;
   g.gemm_dtype = t.gemm_dtype;
   g.max_rows = t.base_m;
-  g.row_granule = kMoeGradRowGranule;
+  g.row_granule = kMoeGradGemmRowGranule;
   g.ldc = t.base_n;
   // The strides oneDNN's kernels are made for (a GEMM of any stride copies float16 only, the
   // same B tile).

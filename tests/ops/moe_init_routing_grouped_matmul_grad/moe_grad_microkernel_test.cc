@@ -186,7 +186,7 @@ TEST(moe_grad_gemm, AutoTakesOneDnnWhereItHasBrgemm) {
     const bool own_faster = dtype == DType::kF32 && MoeOwnF32TilesOutrunBrgemm(DetectCpuIdentity());
     const bool onednn = MoeGemmHasOneDnn() && gk::testing::CpuHasBrgemmFor(dtype) && !own_faster;
     EXPECT_EQ(m.gemm_backend, onednn ? "onednn" : "gradkit") << DTypeName(dtype);
-    EXPECT_EQ(m.gemm_row_granule, onednn ? kMoeGradRowGranule : 1) << DTypeName(dtype);
+    EXPECT_EQ(m.gemm_row_granule, onednn ? kMoeGradGemmRowGranule : 1) << DTypeName(dtype);
   }
 }
 
