@@ -10,6 +10,7 @@
 #include "core/plan_math.h"
 #include "core/thread_pool.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 
 namespace gk {
 namespace {
@@ -106,7 +107,7 @@ SplitCost EstimateSplit(const MoeGradShape& s, DType gemm_dtype, int64_t base_n,
 // - A GEMM of the shape's strides (oneDNN): the packed B counted at the widest block
 //   (kMoeGradBestBaseN); k-blocks of a longer reduction always copy B (MoeGradCopiesB).
 // - A GEMM of any stride (gradkit's micro-kernel) reads gradY and the weights in place and packs
-//   the block's own columns: B is copied for float16 only. Longer k-blocks there let a weight
+//   the block's own columns (MoeMicroPackedBytes: in whole panels): B is copied for float16 only. Longer k-blocks there let a weight
 //   block be packed once for all of a thread's chunks (S3 float32: one k-block of 2048 instead
 //   of two of 1024, each packed again for every chunk).
 int64_t LongestKBlock(const MoeGradShape& s, const MoeGradTiles& tiles, bool gemm_any_stride) {
@@ -118,7 +119,8 @@ int64_t LongestKBlock(const MoeGradShape& s, const MoeGradTiles& tiles, bool gem
   };
   if (gemm_any_stride) {
     const uint64_t cols = static_cast<uint64_t>(tiles.base_n);
-    return longest(a_tile + cols * sizeof(float) + (s.dtype == DType::kF16 ? cols * gemm_elem : 0));
+    return longest(a_tile + MoeMicroPackedBytes(tiles.base_n, 1) +
+                   (s.dtype == DType::kF16 ? cols * gemm_elem : 0));
   }
   const uint64_t a_and_packed = a_tile + static_cast<uint64_t>(kMoeGradBestBaseN) * sizeof(float);
   const uint64_t copied_b = kMoeGradBestBaseN * gemm_elem;

@@ -71,7 +71,8 @@ TEST(moe_grad_api, TransposedWeightViewGivesTheSameBytes) {
   long_n.top_k = 2;
   long_n.m = 72;
   long_n.dtype = DType::kF32;
-  ASSERT_GT(ChooseMoeGradTiles(long_n, DetectMoeGradMachine(long_n).gemm_any_stride).k_blocks, 1) << "the last case no longer has k-blocks";
+  ASSERT_GT(ChooseMoeGradTiles(long_n, DetectMoeGradMachine(long_n).gemm_any_stride).k_blocks, 1)
+      << "the last case no longer has k-blocks";
   for (const MoeCase& c : cases) {
     for (DType dtype : kDTypes) {
       SCOPED_TRACE(::testing::Message() << c.name << " " << DTypeName(dtype));
@@ -183,7 +184,8 @@ TEST(moe_grad_api, BitIdenticalAcrossRunsAndThreadCounts) {
       MoeGradShape shape{};
       shape.m = in.routing.m, shape.n = c.n, shape.k = c.k, shape.g = c.g, shape.batch = c.batch;
       shape.top_k = c.top_k, shape.dtype = dtype;
-      const MoeGradTiles tiles = ChooseMoeGradTiles(shape, DetectMoeGradMachine(shape).gemm_any_stride);
+      const MoeGradTiles tiles =
+          ChooseMoeGradTiles(shape, DetectMoeGradMachine(shape).gemm_any_stride);
       EXPECT_EQ(tiles.token_chunks > 1, c.name != "one_chunk");
       EXPECT_EQ(tiles.k_blocks > 1, c.name == "chunks_and_k_blocks");
       MoeRunOptions o{1, GK_GROUP_LIST_COUNT};

@@ -10,6 +10,7 @@
 
 #include "core/executor.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_plan.h"
 #include "tests/ops/op_test_support.h"
 
@@ -151,11 +152,11 @@ TEST(moe_grad_plan, KBlocksBoundThreadMemory) {
       const MoeGradPlan q = MakeMoeGradPlan(Shape(4096, 2, 8, 4096, n, dtype), any_stride);
       EXPECT_EQ(q.b_copied, dtype == DType::kF16);
       EXPECT_EQ(q.layout.b_tiles.bytes > 0, dtype == DType::kF16);
-      // Its operands: the A and B tiles, and its packed B (the block's own columns in float32,
-      // in the GEMM's scratchpad).
+      // Its operands: the A and B tiles, and its packed B (the block's own columns in float32
+      // panels, in the GEMM's scratchpad).
       EXPECT_EQ((q.k_blocks - 1) * q.base_k + q.last_k, n);
       EXPECT_LE((q.layout.a_tiles.bytes + q.layout.b_tiles.bytes) / q.threads +
-                    static_cast<uint64_t>(q.base_n * q.base_k) * sizeof(float),
+                    MoeMicroPackedBytes(q.base_n, q.base_k),
                 kMoeGradThreadOperandBytes);
       EXPECT_LE(q.k_blocks, p.k_blocks);
     }
