@@ -43,70 +43,93 @@ HWY_NOINLINE void AddRowF32(float* dst, const float* src, int64_t n) {
 // One column panel (n_block columns) of a blocked B (see MoeBlockedB), the part inside B: for
 // word w < words and n < cols, the word of `pair` elements from reduction index w * pair of
 // column n goes to dst[(w / block_words) * k_stride + (w % block_words) * n_block + n] (in
-// words). Plain B (b[n * ldb + k]): 8 columns' rows at a time, each read from start to end before
-// the next 8, so the hardware streams 8 rows and the lines stay in L1 even when the row stride
-// is a multiple of 4 KiB; 8 words of each through a register transpose on x86 (bfloat16 S3 of
-// the fused op 69% -> 82-83% of dense on Zen 4), else and for the rest one gather per word.
-// kn (b[k * ldb + n]): rows k (and k + 1) read along n.
+// words). B is [width, reduce] rows (b[n * ldb + k]): 8 columns' rows at a time, each read from
+// start to end before the next 8, so the hardware streams 8 rows and the lines stay in L1 even
+// when the row stride is a multiple of 4 KiB; 8 words of each through a register transpose on
+// x86 (bfloat16 S3 of the fused op 69% -> 82-83% of dense on Zen 4), else and for the rest one
+// gather per word.
 constexpr int64_t kPrefetchBytes = 512;
-HWY_NOINLINE void PackBPanel(const uint8_t* b, int64_t row_bytes, bool kn, int64_t pair,
-                             int64_t cols, int64_t words, uint32_t* dst, int64_t n_block,
-                             int64_t block_words, int64_t k_stride) {
+HWY_NOINLINE void PackBPanel(const uint8_t* b, int64_t row_bytes, int64_t cols, int64_t words,
+                             uint32_t* dst, int64_t n_block, int64_t block_words,
+                             int64_t k_stride) {
   const auto out = [&](int64_t w) { return dst + (w / block_words) * k_stride + (w % block_words) * n_block; };
-  if (!kn) {
-    const hn::CappedTag<uint32_t, 8> d32;
-    const hn::RebindToSigned<decltype(d32)> di;
-    const int64_t lanes = static_cast<int64_t>(hn::Lanes(d32));
-    const auto offsets = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(row_bytes)));
-    int64_t n = 0;
-    for (; n + lanes <= cols; n += lanes) {
-      const uint8_t* rows = b + n * row_bytes;
+  const hn::CappedTag<uint32_t, 8> d32;
+  const hn::RebindToSigned<decltype(d32)> di;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d32));
+  const auto offsets = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(row_bytes)));
+  int64_t n = 0;
+  for (; n + lanes <= cols; n += lanes) {
+    const uint8_t* rows = b + n * row_bytes;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-      // Eight words of each of the 8 rows at a time through a register transpose (the words of
-      // one step stay inside one k-block: w0 starts a block, w + 8 <= w1 ends in it), measured
-      // faster than the gathers, which serve the rest.
-      static_assert(hn::MaxLanes(d32) == 8);
-      const uint32_t* row[8];
-      for (int r = 0; r < 8; ++r) row[r] = reinterpret_cast<const uint32_t*>(rows + r * row_bytes);
+    // Eight words of each of the 8 rows at a time through a register transpose (the words of
+    // one step stay inside one k-block: w0 starts a block, w + 8 <= w1 ends in it), measured
+    // faster than the gathers, which serve the rest.
+    static_assert(hn::MaxLanes(d32) == 8);
+    const uint32_t* row[8];
+    for (int r = 0; r < 8; ++r) row[r] = reinterpret_cast<const uint32_t*>(rows + r * row_bytes);
 #endif
-      for (int64_t w0 = 0; w0 < words; w0 += block_words) {
-        // Weights are often cold: ask for each row's bytes kPrefetchBytes ahead.
-        for (int64_t r = 0; r < lanes; ++r) hwy::Prefetch(rows + r * row_bytes + w0 * 4 + kPrefetchBytes);
-        const int64_t w1 = std::min(words, w0 + block_words);
-        int64_t w = w0;
+    for (int64_t w0 = 0; w0 < words; w0 += block_words) {
+      // Weights are often cold: ask for each row's bytes kPrefetchBytes ahead.
+      for (int64_t r = 0; r < lanes; ++r) hwy::Prefetch(rows + r * row_bytes + w0 * 4 + kPrefetchBytes);
+      const int64_t w1 = std::min(words, w0 + block_words);
+      int64_t w = w0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-        for (; w + 8 <= w1; w += 8) Transpose8x8Words(row, w, out(w) + n, n_block);
+      for (; w + 8 <= w1; w += 8) Transpose8x8Words(row, w, out(w) + n, n_block);
 #endif
-        for (uint32_t* target = out(w) + n; w < w1; ++w, target += n_block) {
-          const auto* base = reinterpret_cast<const uint32_t*>(rows + w * 4);
-          hn::StoreU(hn::GatherOffset(d32, base, offsets), d32, target);
-        }
+      for (uint32_t* target = out(w) + n; w < w1; ++w, target += n_block) {
+        const auto* base = reinterpret_cast<const uint32_t*>(rows + w * 4);
+        hn::StoreU(hn::GatherOffset(d32, base, offsets), d32, target);
       }
     }
-    for (; n < cols; ++n) {
-      for (int64_t w = 0; w < words; ++w) std::memcpy(out(w) + n, b + n * row_bytes + w * 4, 4);
-    }
-    return;
   }
+  for (; n < cols; ++n) {
+    for (int64_t w = 0; w < words; ++w) std::memcpy(out(w) + n, b + n * row_bytes + w * 4, 4);
+  }
+}
+
+// B given as its transpose, [reduce, width] rows (kn), all panels: word row w (rows w * pair and
+// w * pair + 1, a bfloat16 pair interleaved into 32-bit words) goes into every panel in turn, row
+// by row, while the rows kKnAheadWords word rows on are asked into L2 (hint 2: hwy::Prefetch asks
+// for L1, which a wide row would overflow). Each row is read once from start to end; a panel at
+// a time over the whole reduction read one short piece of every row, each row on its own page
+// when rows are long (GroupedMatmul's [G, K, N] weights, S3: 8 KiB apart). Measured on Zen 4, 2
+// threads, packing every (expert, 256 columns) of S3's float32 weights: 8-10 -> 10-13 GB/s.
+constexpr int64_t kKnAheadWords = 2;
+HWY_NOINLINE void PackBRowsKN(const uint8_t* b, int64_t row_bytes, int64_t pair, int64_t width,
+                              int64_t words, uint32_t* dst, int64_t n_block, int64_t n_stride,
+                              int64_t block_words, int64_t k_stride) {
   const hn::ScalableTag<uint32_t> d32;
   const hn::Rebind<uint16_t, decltype(d32)> d16;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d32));
+  const int64_t span = width * 4 / pair;  // bytes of one row's columns
   for (int64_t w = 0; w < words; ++w) {
+    if (w + kKnAheadWords < words) {
+      for (int64_t r = 0; r < pair; ++r) {
+        const uint8_t* ahead = b + ((w + kKnAheadWords) * pair + r) * row_bytes;
+        for (int64_t at = 0; at < span; at += 64) __builtin_prefetch(ahead + at, 0, 2);
+      }
+    }
     const uint8_t* row = b + w * pair * row_bytes;
-    uint32_t* target = out(w);
-    if (pair == 1) {
-      std::memcpy(target, row, static_cast<size_t>(cols) * 4);
-      continue;
+    uint32_t* const first = dst + (w / block_words) * k_stride + (w % block_words) * n_block;
+    for (int64_t n0 = 0; n0 < width; n0 += n_block) {
+      const int64_t cols = std::min(n_block, width - n0);
+      uint32_t* target = first + (n0 / n_block) * n_stride;
+      int64_t n = 0;
+      if (pair == 1) {
+        const auto* in = reinterpret_cast<const uint32_t*>(row) + n0;
+        for (; n + lanes <= cols; n += lanes) hn::StoreU(hn::LoadU(d32, in + n), d32, target + n);
+        for (; n < cols; ++n) target[n] = in[n];
+        continue;
+      }
+      const auto* lo = reinterpret_cast<const uint16_t*>(row) + n0;
+      const auto* hi = reinterpret_cast<const uint16_t*>(row + row_bytes) + n0;
+      for (; n + lanes <= cols; n += lanes) {
+        const auto word = hn::Or(hn::PromoteTo(d32, hn::LoadU(d16, lo + n)),
+                                 hn::ShiftLeft<16>(hn::PromoteTo(d32, hn::LoadU(d16, hi + n))));
+        hn::StoreU(word, d32, target + n);
+      }
+      for (; n < cols; ++n) target[n] = uint32_t{lo[n]} | uint32_t{hi[n]} << 16;
     }
-    const auto* lo = reinterpret_cast<const uint16_t*>(row);
-    const auto* hi = reinterpret_cast<const uint16_t*>(row + row_bytes);
-    int64_t n = 0;
-    for (; n + lanes <= cols; n += lanes) {
-      const auto word = hn::Or(hn::PromoteTo(d32, hn::LoadU(d16, lo + n)),
-                               hn::ShiftLeft<16>(hn::PromoteTo(d32, hn::LoadU(d16, hi + n))));
-      hn::StoreU(word, d32, target + n);
-    }
-    for (; n < cols; ++n) target[n] = uint32_t{lo[n]} | uint32_t{hi[n]} << 16;
   }
 }
 
@@ -120,6 +143,7 @@ namespace gk {
 HWY_EXPORT(ConvertF16ToF32);
 HWY_EXPORT(AddRowF32);
 HWY_EXPORT(PackBPanel);
+HWY_EXPORT(PackBRowsKN);
 
 void MoeConvertF16ToF32(const uint16_t* src, float* dst, int64_t n) {
   HWY_DYNAMIC_DISPATCH(ConvertF16ToF32)(src, dst, n);
@@ -191,14 +215,23 @@ void MoePackB(DType gemm_dtype, const MoeBlockedB& layout, int64_t width, int64_
   const int64_t block_words = layout.k_block / pair;
   // Words wholly inside B, packed fast; the rest (tails, padding) one by one.
   const int64_t words = gather ? reduce / pair : 0;
-  for (int64_t nb = 0; nb < layout.padded_width / layout.n_block; ++nb) {
+  const int64_t panels = layout.padded_width / layout.n_block;
+  const auto panel_cols = [&](int64_t nb) {
+    return std::clamp<int64_t>(width - nb * layout.n_block, 0, layout.n_block);
+  };
+  const auto panel_at = [&](int64_t nb) { return out + nb * layout.n_stride / pair; };
+  if (kn && words > 0 && width > 0) {
+    HWY_DYNAMIC_DISPATCH(PackBRowsKN)(src, row_bytes, pair, std::min(width, layout.padded_width),
+                                      words, out, layout.n_block, layout.n_stride / pair,
+                                      block_words, layout.k_stride / pair);
+  }
+  for (int64_t nb = 0; nb < panels; ++nb) {
     const int64_t n0 = nb * layout.n_block;
-    const int64_t cols = std::clamp<int64_t>(width - n0, 0, layout.n_block);
-    uint32_t* panel = out + nb * layout.n_stride / pair;
-    if (words > 0 && cols > 0) {
-      HWY_DYNAMIC_DISPATCH(PackBPanel)(src + (kn ? n0 * elem : n0 * row_bytes), row_bytes, kn, pair,
-                                       cols, words, panel, layout.n_block, block_words,
-                                       layout.k_stride / pair);
+    const int64_t cols = panel_cols(nb);
+    uint32_t* panel = panel_at(nb);
+    if (!kn && words > 0 && cols > 0) {
+      HWY_DYNAMIC_DISPATCH(PackBPanel)(src + n0 * row_bytes, row_bytes, cols, words, panel,
+                                       layout.n_block, block_words, layout.k_stride / pair);
     }
     for (int64_t w = 0; w < layout.padded_reduce / pair; ++w) {
       uint32_t* row = panel + (w / block_words) * (layout.k_stride / pair) + (w % block_words) * layout.n_block;
