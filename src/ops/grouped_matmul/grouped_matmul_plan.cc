@@ -105,6 +105,7 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
   // for its row blocks, the weight grad per (chunk, column block) for its K blocks.
   g.prepared_b = true;
   if (MayPackBFromKN(s)) g.ldb_kn = s.n;
+  g.b_in_place_kn = s.op == GroupedMatmulOp::kForward && g.ldb_kn > 0 && s.dtype == DType::kF32;
   return g;
 }
 

@@ -43,6 +43,11 @@ struct MoeTileGemmShape {
   // With prepared_b: when > 0, PrepareBFromKN is asked too, with B given as its transpose,
   // [reduce, width] rows of this stride (GroupedMatmul's [G, K, N] weights read in place).
   int64_t ldb_kn = 0;
+  // With ldb_kn > 0: float32 B read by oneDNN's kernel straight from B^T's rows on every call
+  // (PrepareBFromKN hands b_kn back, nothing is packed) on CPUs of
+  // MoeF32InPlaceKNOutrunsPackedBrgemm; elsewhere, and on the own kernel, B is packed as above.
+  // Set by GroupedMatmul's forward for float32 [G, K, N] weights, whose blocks serve few rows.
+  bool b_in_place_kn = false;
   // The caller's float32 tiles were measured faster (the weight gradient's: at its slowest shape)
   // on gradkit's micro-kernel than on oneDNN 2.6's brgemm on CPUs of MoeOwnF32TilesOutrunBrgemm:
   // auto then takes the micro-kernel there.
@@ -56,6 +61,13 @@ struct MoeTileGemmShape {
 // (Zen 4, whose AVX-512 executes on 256-bit units; Zen 3 has no AVX-512, so no brgemm).
 // Measured on Zen 4 only (docs/benchmarks.md): other families keep oneDNN's brgemm.
 bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu);
+
+// CPUs where oneDNN 2.6 runs GroupedMatmul's float32 forward tiles faster reading the [K, N]
+// weight rows in place (gemm:jit, which packs them inside its loops, as it computes) than on
+// brgemm after a separate pass packs each block: AMD family 0x19 (Zen 4), S2 84-87 -> 90% of
+// dense, S1 93-95 -> 95-101, S3 within the noise, gathered x 88 -> 98-100% of plain
+// (docs/benchmarks.md). Measured there only: other CPUs keep the packed brgemm.
+bool MoeF32InPlaceKNOutrunsPackedBrgemm(const CpuIdentity& cpu);
 
 // Tile GEMM: C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda) *
 // B[width, reduce]^T (row stride ldb). oneDNN 2.6's brgemm takes A only dense (lda = reduce):
