@@ -107,8 +107,8 @@ SplitCost EstimateSplit(const MoeGradShape& s, DType gemm_dtype, int64_t base_n,
 // - A GEMM of the shape's strides (oneDNN): the packed B counted at the widest block
 //   (kMoeGradBestBaseN); k-blocks of a longer reduction always copy B (MoeGradCopiesB).
 // - A GEMM of any stride (gradkit's micro-kernel) reads gradY and the weights in place and packs
-//   the block's own columns (MoeMicroPackedBytes: in whole panels): B is copied for float16 only. Longer k-blocks there let a weight
-//   block be packed once for all of a thread's chunks (S3 float32: one k-block of 2048 instead
+//   the block's own columns (MoeMicroPackedBytes: in whole panels): B is copied for float16
+//   only. Longer k-blocks there let a weight block be packed once for all of a thread's chunks (S3 float32: one k-block of 2048 instead
 //   of two of 1024, each packed again for every chunk).
 int64_t LongestKBlock(const MoeGradShape& s, const MoeGradTiles& tiles, bool gemm_any_stride) {
   const uint64_t gemm_elem = static_cast<uint64_t>(ElementBytes(tiles.gemm_dtype));

@@ -38,7 +38,8 @@ namespace gk {
 inline constexpr int64_t kMoeGradBestBaseM = 256;     // rows per GEMM tile
 inline constexpr int64_t kMoeGradBestBaseN = 256;     // widest gradX column block (the seed's n = dk)
 inline constexpr int64_t kMoeGradMinBaseN = 32;       // narrowest one the work split may choose
-inline constexpr int64_t kMoeGradRowGranule = 16;     // the split's row unit: base_m a multiple, chunks keep this many rows of each expert
+// The split's row unit: base_m is a multiple of it, and chunks keep this many rows of each expert.
+inline constexpr int64_t kMoeGradRowGranule = 16;
 // Tail tiles on a GEMM prepared per row count (oneDNN) are padded to this (gradY's next rows or
 // zeros), so base_m / 8 shapes per width and k-block: 8, not 16, measured faster for bfloat16
 // (S1 86 -> 91-95% of dense, S3 79-86 -> 85-86, S2 +2 points; session 14's benchmarks).

@@ -208,7 +208,8 @@ dnnl::memory::desc PlainB(DType dtype, int64_t reduce, int64_t width, int64_t ld
 
 // C[rows, width] (+)= A[rows, reduce] * B[width, reduce]^T. With packed_b, the weights are in
 // the layout the implementation chooses (format_tag::any: B is reordered into it once per B,
-// see OneDnnTileGemm); else B is read where it is (oneDNN then packs it on every call).
+// see OneDnnTileGemm); else B is read where it is (oneDNN then packs it on every call), as
+// [width, reduce] rows of stride ldb or, with ldb_kn > 0, as B^T's rows of that stride.
 dnnl::matmul::primitive_desc MatmulDesc(DType dtype, int64_t rows, int64_t reduce, int64_t width,
                                         int64_t lda, int64_t ldb, int64_t ldc, bool accumulate,
                                         bool user_scratchpad, bool packed_b = false,
@@ -677,13 +678,13 @@ MoeTileGemmChoice MoeTileGemmChoiceFromEnv() {
       "environment variable GRADKIT_GEMM = \"{}\": must be auto, onednn or gradkit", value));
 }
 
-bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu) {
-  return cpu.vendor == "AuthenticAMD" && cpu.family == 0x19;
-}
+namespace {
+bool IsAmdFamily19(const CpuIdentity& cpu) { return cpu.vendor == "AuthenticAMD" && cpu.family == 0x19; }
+}  // namespace
 
-bool MoeF32InPlaceKNOutrunsPackedBrgemm(const CpuIdentity& cpu) {
-  return cpu.vendor == "AuthenticAMD" && cpu.family == 0x19;
-}
+bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu) { return IsAmdFamily19(cpu); }
+
+bool MoeF32InPlaceKNOutrunsPackedBrgemm(const CpuIdentity& cpu) { return IsAmdFamily19(cpu); }
 
 std::unique_ptr<MoeTileGemm> MoeTileGemm::Create(const MoeTileGemmShape& shape) {
   const MoeTileGemmChoice choice = MoeTileGemmChoiceFromEnv();

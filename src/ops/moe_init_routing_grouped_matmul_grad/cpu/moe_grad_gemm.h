@@ -64,9 +64,10 @@ bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu);
 
 // CPUs where oneDNN 2.6 runs GroupedMatmul's float32 forward tiles faster reading the [K, N]
 // weight rows in place (gemm:jit, which packs them inside its loops, as it computes) than on
-// brgemm after a separate pass packs each block: AMD family 0x19 (Zen 4), S2 84-87 -> 90% of
-// dense, S1 93-95 -> 95-101, S3 within the noise, gathered x 88 -> 98-100% of plain
-// (docs/benchmarks.md). Measured there only: other CPUs keep the packed brgemm.
+// brgemm after a separate pass packs each block: AMD family 0x19 (Zen 4), plain / dense S2
+// 85-89 -> 88-90%, S4 94 -> 100-105, S1 and S3 within the noise, gathered / plain 89-98 ->
+// 96-102 (docs/benchmarks.md, session 15). Measured there, on oneDNN 2.6, only: other CPUs keep
+// the packed brgemm (oneDNN 3.x takes the same rule; its speed there is unmeasured).
 bool MoeF32InPlaceKNOutrunsPackedBrgemm(const CpuIdentity& cpu);
 
 // Tile GEMM: C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda) *

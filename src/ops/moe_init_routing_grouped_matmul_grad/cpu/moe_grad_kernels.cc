@@ -93,7 +93,7 @@ HWY_NOINLINE void PackBPanel(const uint8_t* b, int64_t row_bytes, int64_t cols, 
 // for L1, which a wide row would overflow). Each row is read once from start to end; a panel at
 // a time over the whole reduction read one short piece of every row, each row on its own page
 // when rows are long (GroupedMatmul's [G, K, N] weights, S3: 8 KiB apart). Measured on Zen 4, 2
-// threads, packing every (expert, 256 columns) of S3's float32 weights: 8-10 -> 10-13 GB/s.
+// threads, packing every (expert, 256 columns) of S3's float32 weights: 7-9 -> 10-13 GB/s.
 constexpr int64_t kKnAheadWords = 2;
 HWY_NOINLINE void PackBRowsKN(const uint8_t* b, int64_t row_bytes, int64_t pair, int64_t width,
                               int64_t words, uint32_t* dst, int64_t n_block, int64_t n_stride,
@@ -221,8 +221,7 @@ void MoePackB(DType gemm_dtype, const MoeBlockedB& layout, int64_t width, int64_
   };
   const auto panel_at = [&](int64_t nb) { return out + nb * layout.n_stride / pair; };
   if (kn && words > 0 && width > 0) {
-    HWY_DYNAMIC_DISPATCH(PackBRowsKN)(src, row_bytes, pair, std::min(width, layout.padded_width),
-                                      words, out, layout.n_block, layout.n_stride / pair,
+    HWY_DYNAMIC_DISPATCH(PackBRowsKN)(src, row_bytes, pair, width, words, out, layout.n_block, layout.n_stride / pair,
                                       block_words, layout.k_stride / pair);
   }
   for (int64_t nb = 0; nb < panels; ++nb) {
