@@ -139,6 +139,24 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
     }
   }
 
+  // Expert g's rows are cut into pieces of base_m rows from its first row (the last one shorter),
+  // and each piece belongs to the row block holding its first row: a piece may run up to
+  // base_m - 1 rows past its block, but no expert's rows are cut where blocks meet, so each
+  // piece's GEMM reads its B block once for as many rows as it can (an expert of 136 rows cut
+  // by a block boundary would read its weights twice, for 136 rows in all). The pieces of
+  // [r0, r1): at most one per expert (pieces and blocks are base_m rows), ascending experts.
+  template <class Visit>
+  void ForEachPiece(int64_t r0, int64_t r1, const int64_t* off, Visit visit) const {
+    const GroupedMatmulPlan& p = plan_;
+    const GroupedMatmulShape& s = p.shape;
+    // Only the expert holding r0 starts before the block and may have a piece in it.
+    for (int64_t g = std::upper_bound(off, off + s.g + 1, r0) - off - 1; g < s.g && off[g] < r1; ++g) {
+      const int64_t behind = std::max<int64_t>(0, r0 - off[g]);
+      const int64_t p0 = off[g] + (behind + p.base_m - 1) / p.base_m * p.base_m;
+      if (p0 < r1 && p0 < off[g + 1]) visit(g, p0, std::min(p0 + p.base_m, off[g + 1]));
+    }
+  }
+
   void RunUnit(int64_t row_block, int64_t col_block, const Tables& tables,
                ThreadSlots& slots) const {
     const GroupedMatmulPlan& p = plan_;
@@ -150,31 +168,31 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
     const int64_t n0 = col_block * p.base_n;
     const int64_t cols = BlockCols(col_block);
     const int64_t* off = tables.group_offsets;
-    // x's rows are read in place unless a segment's padded GEMM rows would run past x's end.
-    // (Only the block's last segment can: the earlier ones end 16 rows or more before it.)
-    const int64_t last_begin = std::max(r0, *(std::upper_bound(off, off + s.g + 1, r1 - 1) - 1));
-    const bool in_place = !p.a_copied && last_begin + PaddedRows(r1 - last_begin) <= s.m;
-    if (!in_place && slots.a_block != row_block) {
-      for (int64_t i = r0; i < r1; ++i) {
-        const char* src = XRow(tables, i);
-        char* dst = slots.a_tile + (i - r0) * s.k * gemm_elem;
-        if (s.dtype == DType::kF16) {
-          MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(src), reinterpret_cast<float*>(dst), s.k);
-        } else {
-          std::memcpy(dst, src, static_cast<size_t>(s.k * elem));
-        }
+    // Copies x's row i (gathered, or converted from float16) to row `to` of the A tile.
+    const auto copy_row = [&](int64_t i, int64_t to) {
+      const char* src = XRow(tables, i);
+      char* dst = slots.a_tile + to * s.k * gemm_elem;
+      if (s.dtype == DType::kF16) {
+        MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(src), reinterpret_cast<float*>(dst), s.k);
+      } else {
+        std::memcpy(dst, src, static_cast<size_t>(s.k * elem));
       }
-      // The rows the last segment's padded GEMM reads past the block: zeros.
-      std::memset(slots.a_tile + (r1 - r0) * s.k * gemm_elem, 0,
+    };
+    // A copied with units row block first: the A tile holds the rows of the block's pieces,
+    // [r0, r_end), once for all the column blocks the thread runs in a row, then zeros for the
+    // padded rows the last GEMM reads. (Column block first, each unit is a new row block: the
+    // pieces are copied one at a time, into a tile of base_m rows.)
+    const bool a_whole_block = p.a_copied && !p.column_block_first;
+    if (a_whole_block && slots.a_block != row_block) {
+      int64_t r_end = r0;
+      ForEachPiece(r0, r1, off, [&](int64_t, int64_t, int64_t q1) { r_end = std::max(r_end, q1); });
+      for (int64_t i = r0; i < r_end; ++i) copy_row(i, i - r0);
+      std::memset(slots.a_tile + (r_end - r0) * s.k * gemm_elem, 0,
                   static_cast<size_t>(p.row_granule * s.k * gemm_elem));
       slots.a_block = row_block;
     }
     const char* w = TensorBase(operand_);
-    // The experts whose rows meet [r0, r1), ascending: the first is the one holding r0.
-    for (int64_t g = std::upper_bound(off, off + s.g + 1, r0) - off - 1; g < s.g && off[g] < r1; ++g) {
-      const int64_t s0 = std::max(r0, off[g]);
-      const int64_t s1 = std::min(r1, off[g + 1]);
-      if (s0 >= s1) continue;
+    ForEachPiece(r0, r1, off, [&](int64_t g, int64_t s0, int64_t s1) {
       // B of (expert g, column block): copied into the B tile when needed, then prepared (packed
       // by the library) once for all the row blocks the thread runs in a row.
       if (slots.b_expert != g || slots.b_col != col_block) {
@@ -199,16 +217,28 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
         slots.b_expert = g;
         slots.b_col = col_block;
       }
-      const void* b = slots.b_ready;
-      const void* a = in_place ? XRow(tables, s0) : slots.a_tile + (s0 - r0) * s.k * gemm_elem;
-      slots.gemm->Run(PaddedRows(s1 - s0), cols, s.k, /*accumulate=*/false, a, b, slots.c_tile);
+      // A: x's rows in place, unless copied, or unless the piece's padded GEMM rows would run
+      // past x's end (then the piece goes through the A tile, zero padded, too).
+      const void* a = nullptr;
+      if (a_whole_block) {
+        a = slots.a_tile + (s0 - r0) * s.k * gemm_elem;
+      } else if (!p.a_copied && s0 + PaddedRows(s1 - s0) <= s.m) {
+        a = XRow(tables, s0);
+      } else {
+        for (int64_t i = s0; i < s1; ++i) copy_row(i, i - s0);
+        std::memset(slots.a_tile + (s1 - s0) * s.k * gemm_elem, 0,
+                    static_cast<size_t>((PaddedRows(s1 - s0) - (s1 - s0)) * s.k * gemm_elem));
+        a = slots.a_tile;
+      }
+      slots.gemm->Run(PaddedRows(s1 - s0), cols, s.k, /*accumulate=*/false, a, slots.b_ready,
+                      slots.c_tile);
       char* y = TensorBase(out_);
       const int64_t out_elem = ElementBytes(s.out_dtype);
       for (int64_t i = s0; i < s1; ++i) {
         GroupedMatmulStoreRow(slots.c_tile + (i - s0) * p.base_n, y + (i * s.n + n0) * out_elem,
                               s.out_dtype, cols);
       }
-    }
+    });
   }
 };
 
@@ -288,23 +318,34 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
           const char* a = slots.a_tile + (kb - kb_begin) * p.base_m * reduce * gemm_elem;
           slots.gemm->Run(PaddedRows(k_rows(kb)), BlockCols(nb), reduce,
                           /*accumulate=*/c0 > begin, a, b, tile(kb, nb));
+          // After the last chunk the tile is done: stored while the GEMM has left it in cache,
+          // and gradWeight's stores spread between the GEMMs instead of one burst per unit.
+          if (c0 + p.reduce >= end) StoreTile(g, kb, nb, tile(kb, nb));
         }
       }
     }
+    if (begin == end) {  // no chunk stored them: zeros
+      for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
+        for (int64_t nb = nb_begin; nb < nb_end; ++nb) StoreTile(g, kb, nb, tile(kb, nb));
+      }
+    }
+  }
+
+  // C tile (kb, nb) of expert g rounded into gradWeight (or added to it).
+  void StoreTile(int64_t g, int64_t kb, int64_t nb, const float* c) const {
+    const GroupedMatmulPlan& p = plan_;
+    const GroupedMatmulShape& s = p.shape;
     char* dw = TensorBase(out_);
     const int64_t out_elem = ElementBytes(s.out_dtype);
-    for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
-      for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
-        const int64_t kk0 = kb * p.base_m, nn0 = nb * p.base_n;
-        for (int64_t kk = 0; kk < k_rows(kb); ++kk) {
-          const float* sum = tile(kb, nb) + kk * p.base_n;
-          char* row = dw + ((g * s.k + kk0 + kk) * s.n + nn0) * out_elem;
-          if (s.accumulate) {
-            GroupedMatmulAddRow(sum, row, s.out_dtype, BlockCols(nb));
-          } else {
-            GroupedMatmulStoreRow(sum, row, s.out_dtype, BlockCols(nb));
-          }
-        }
+    const int64_t rows = kb == p.row_blocks - 1 ? p.last_block_rows : p.base_m;
+    const int64_t kk0 = kb * p.base_m, nn0 = nb * p.base_n;
+    for (int64_t kk = 0; kk < rows; ++kk) {
+      const float* sum = c + kk * p.base_n;
+      char* row = dw + ((g * s.k + kk0 + kk) * s.n + nn0) * out_elem;
+      if (s.accumulate) {
+        GroupedMatmulAddRow(sum, row, s.out_dtype, BlockCols(nb));
+      } else {
+        GroupedMatmulStoreRow(sum, row, s.out_dtype, BlockCols(nb));
       }
     }
   }

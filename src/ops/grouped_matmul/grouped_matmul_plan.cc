@@ -151,8 +151,11 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     // one expert, so it is the one kept across units.
     p.column_block_first = p.b_copied || machine.packs_b;
     p.c_tile_elems = p.base_m * p.base_n;
-    // A: a row block and the padding its last segment's GEMM reads past it.
-    p.a_tile_elems = (p.base_m + p.row_granule) * s.k;
+    // A: one piece of an expert's rows (at most base_m) and the padding its GEMM reads past it;
+    // copied A with units row block first: the pieces of a row block, which may run up to
+    // base_m - 1 rows past it.
+    const bool a_whole_block = p.a_copied && !p.column_block_first;
+    p.a_tile_elems = ((a_whole_block ? 2 * p.base_m : p.base_m) + p.row_granule) * s.k;
     p.b_tile_elems = p.b_copied ? p.base_n * s.k : 0;
   } else {
     p.n_group_blocks = std::max<int64_t>(1, std::min(p.col_blocks, kGroupedMatmulGradGroupCols / p.base_n));

@@ -1,12 +1,16 @@
 // GroupedMatmul and GroupedMatmulWeightGrad plans (CPU tiling): plain data, computed once in phase
 // 1 from shapes only (never from index values, which may change between repeated runs).
 //
-// GroupedMatmul: y is cut into units of (block of base_m rows) x (block of base_n columns). A unit
-// owns its y elements: for each expert whose rows meet the row block (a segment, in ascending
-// expert order) one tile GEMM over the whole K,
+// GroupedMatmul: y is cut into units of (block of base_m rows) x (block of base_n columns). Each
+// expert's rows are cut into pieces of base_m rows counted from its first row (the last one
+// shorter), and a piece belongs to the row block holding its first row, so it may run up to
+// base_m - 1 rows past that block: no expert is cut where row blocks meet, and each piece's GEMM
+// reads its B block once for as many rows as it can. A unit owns the y elements of its pieces:
+// for each (ascending experts, at most one per expert) one tile GEMM over the whole K,
 //   C[rows, cols] = x(rows)[:, 0:K] * W[g][0:K, cols]                       (float32)
-// then rounds C into y. A is x's rows read in place (plain float32 / bfloat16 x) or the row
-// block gathered into the thread's A tile once (gather-fused: the token rows; float16: converted);
+// then rounds C into y. A is x's rows read in place (plain float32 / bfloat16 x) or copied into
+// the thread's A tile (gather-fused: the token rows; float16: converted): a piece at a time when
+// units run column block first, else the pieces of the row block once for its column blocks;
 // B is the weight block read in place ([G, N, K] storage, float32 / bfloat16) or copied into the
 // thread's B tile (float16: converted; [G, K, N] storage: transposed, unless the GEMM library
 // packs straight from [K, N] rows, as oneDNN 2.x does), then packed by the GEMM library once

@@ -117,13 +117,13 @@ int64_t LongestKBlock(const MoeGradShape& s, const MoeGradTiles& tiles, bool gem
   const auto longest = [&](uint64_t per_element) {
     return static_cast<int64_t>(std::min(n, kMoeGradThreadOperandBytes / per_element));
   };
+  const uint64_t cols = static_cast<uint64_t>(tiles.base_n);
   if (gemm_any_stride) {
-    const uint64_t cols = static_cast<uint64_t>(tiles.base_n);
     return longest(a_tile + MoeMicroPackedBytes(tiles.base_n, 1) +
                    (s.dtype == DType::kF16 ? cols * gemm_elem : 0));
   }
-  const uint64_t a_and_packed = a_tile + static_cast<uint64_t>(kMoeGradBestBaseN) * sizeof(float);
-  const uint64_t copied_b = kMoeGradBestBaseN * gemm_elem;
+  const uint64_t a_and_packed = a_tile + cols * sizeof(float);
+  const uint64_t copied_b = cols * gemm_elem;
   const uint64_t whole = (a_and_packed + (s.dtype == DType::kF16 ? copied_b : 0)) * n;
   return whole <= kMoeGradThreadOperandBytes ? s.n : longest(a_and_packed + copied_b);
 }

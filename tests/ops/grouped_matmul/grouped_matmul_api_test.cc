@@ -31,7 +31,10 @@ const GmmCase kCases[] = {
     {"two_row_blocks_many_experts", 260, 2, 7, 40, 300},
     {"k_is_1", 50, 2, 3, 1, 20},
     {"n_is_1", 50, 2, 3, 20, 1},
-    {"tail_rows_past_x", 5, 3, 4, 16, 24},  // segments whose padded GEMM would run past x
+    {"tail_rows_past_x", 5, 3, 4, 16, 24},  // pieces whose padded GEMM would run past x
+    // Expert 0 holds ~600 rows (three pieces of base_m from its first row), the others ~50 each,
+    // so pieces start inside row blocks and run past them (forward: owned by their first row).
+    {"pieces_past_row_blocks", 740, 1, 4, 24, 40, 1.0, 0.8},
 };
 
 struct Form {
