@@ -34,7 +34,7 @@
 // are transposed once for the whole group (not once per tile) and each column block's B packed
 // once for the group's K blocks; the float32 sums stay in the thread's C tiles between chunks.
 //
-// Determinism by construction: units, segments, chunks and GEMM shapes depend on the problem only,
+// Determinism by construction: units, pieces, chunks and GEMM shapes depend on the problem only,
 // each GEMM runs single-threaded, and every output element is written by one unit. Threads only
 // decide which units run where: each takes the next units_per_grab consecutive units while any
 // remain (skewed routing makes some units far heavier than others; a static split would wait for

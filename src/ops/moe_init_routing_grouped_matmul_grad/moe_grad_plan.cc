@@ -104,12 +104,15 @@ SplitCost EstimateSplit(const MoeGradShape& s, DType gemm_dtype, int64_t base_n,
 // kMoeGradThreadOperandBytes whatever N: the A tile (kMoeGradBestBaseM rows), the packed B (float32
 // whatever the dtype: gradkit's own kernel widens bfloat16 weights once, at packing) and, when
 // copied, the B tile. N itself when the whole reduction fits.
-// - A GEMM of the shape's strides (oneDNN): the packed B counted at the widest block
-//   (kMoeGradBestBaseN); k-blocks of a longer reduction always copy B (MoeGradCopiesB).
+// - A GEMM of the shape's strides (oneDNN): the packed B counted at the block's own width, as
+//   the packer sizes it; k-blocks of a longer reduction always copy B (MoeGradCopiesB). S3's
+//   64-column blocks then take the whole reduction of 2048 in one k-block, the weights read in
+//   place (counted at 256 columns, it was two k-blocks of 1024, copied: float32 S3 49% -> 79-82%
+//   of dense on an AMX Xeon, docs/benchmarks.md, session 16).
 // - A GEMM of any stride (gradkit's micro-kernel) reads gradY and the weights in place and packs
 //   the block's own columns (MoeMicroPackedBytes: in whole panels): B is copied for float16
-//   only. Longer k-blocks there let a weight block be packed once for all of a thread's chunks (S3 float32: one k-block of 2048 instead
-//   of two of 1024, each packed again for every chunk).
+//   only.
+// Either way longer k-blocks let a weight block be packed once for all of a thread's chunks.
 int64_t LongestKBlock(const MoeGradShape& s, const MoeGradTiles& tiles, bool gemm_any_stride) {
   const uint64_t gemm_elem = static_cast<uint64_t>(ElementBytes(tiles.gemm_dtype));
   const uint64_t a_tile = static_cast<uint64_t>(kMoeGradBestBaseM) * gemm_elem;
