@@ -321,30 +321,23 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
         }
       }
     }
-    // Then the group's tiles are rounded into gradWeight, all after the last chunk. (Each tile
-    // stored right after its last GEMM, while in cache, measured slower on an AMX Xeon: S2
-    // bfloat16 48-50 -> 38-41% of dense, float32 S2/S3 3 points; the stores between GEMMs evict
-    // their operands.)
-    for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
-      for (int64_t nb = nb_begin; nb < nb_end; ++nb) StoreTile(g, kb, nb, tile(kb, nb));
-    }
-  }
-
-  // C tile (kb, nb) of expert g rounded into gradWeight (or added to it).
-  void StoreTile(int64_t g, int64_t kb, int64_t nb, const float* c) const {
-    const GroupedMatmulPlan& p = plan_;
-    const GroupedMatmulShape& s = p.shape;
+    // The group's tiles rounded into gradWeight, all after the last chunk. (Each tile stored
+    // right after its last GEMM, while in cache, measured slower on an AMX Xeon: S2 bfloat16
+    // 48-50 -> 38-41% of dense, float32 S2/S3 3 points, docs/benchmarks.md, session 16.)
     char* dw = TensorBase(out_);
     const int64_t out_elem = ElementBytes(s.out_dtype);
-    const int64_t rows = kb == p.row_blocks - 1 ? p.last_block_rows : p.base_m;
-    const int64_t kk0 = kb * p.base_m, nn0 = nb * p.base_n;
-    for (int64_t kk = 0; kk < rows; ++kk) {
-      const float* sum = c + kk * p.base_n;
-      char* row = dw + ((g * s.k + kk0 + kk) * s.n + nn0) * out_elem;
-      if (s.accumulate) {
-        GroupedMatmulAddRow(sum, row, s.out_dtype, BlockCols(nb));
-      } else {
-        GroupedMatmulStoreRow(sum, row, s.out_dtype, BlockCols(nb));
+    for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
+      for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
+        const int64_t kk0 = kb * p.base_m, nn0 = nb * p.base_n;
+        for (int64_t kk = 0; kk < k_rows(kb); ++kk) {
+          const float* sum = tile(kb, nb) + kk * p.base_n;
+          char* row = dw + ((g * s.k + kk0 + kk) * s.n + nn0) * out_elem;
+          if (s.accumulate) {
+            GroupedMatmulAddRow(sum, row, s.out_dtype, BlockCols(nb));
+          } else {
+            GroupedMatmulStoreRow(sum, row, s.out_dtype, BlockCols(nb));
+          }
+        }
       }
     }
   }

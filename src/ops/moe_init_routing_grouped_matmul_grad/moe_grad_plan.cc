@@ -105,8 +105,8 @@ SplitCost EstimateSplit(const MoeGradShape& s, DType gemm_dtype, int64_t base_n,
 // whatever the dtype: gradkit's own kernel widens bfloat16 weights once, at packing) and, when
 // copied, the B tile. N itself when the whole reduction fits.
 // - A GEMM of the shape's strides (oneDNN): the packed B counted at the block's own width, as
-//   the packer sizes it; k-blocks of a longer reduction always copy B (MoeGradCopiesB). S3's
-//   64-column blocks then take the whole reduction of 2048 in one k-block, the weights read in
+//   the packer sizes it (float16: at the widest block, below); k-blocks of a longer reduction
+//   always copy B (MoeGradCopiesB). S3's 64-column blocks then take the whole reduction of 2048 in one k-block, the weights read in
 //   place (counted at 256 columns, it was two k-blocks of 1024, copied: float32 S3 49% -> 79-82%
 //   of dense on an AMX Xeon, docs/benchmarks.md, session 16).
 // - A GEMM of any stride (gradkit's micro-kernel) reads gradY and the weights in place and packs
@@ -125,8 +125,12 @@ int64_t LongestKBlock(const MoeGradShape& s, const MoeGradTiles& tiles, bool gem
     return longest(a_tile + MoeMicroPackedBytes(tiles.base_n, 1) +
                    (s.dtype == DType::kF16 ? cols * gemm_elem : 0));
   }
-  const uint64_t a_and_packed = a_tile + cols * sizeof(float);
-  const uint64_t copied_b = cols * gemm_elem;
+  // Float16 weights go through the B tile whatever the k-blocks (converted), so a longer
+  // k-block saves them no copy: their packed and copied B keep the widest block's count, which
+  // keeps their workspace where it was (WorkspaceDoesNotGrowWithM).
+  const uint64_t b_cols = s.dtype == DType::kF16 ? static_cast<uint64_t>(kMoeGradBestBaseN) : cols;
+  const uint64_t a_and_packed = a_tile + b_cols * sizeof(float);
+  const uint64_t copied_b = b_cols * gemm_elem;
   const uint64_t whole = (a_and_packed + (s.dtype == DType::kF16 ? copied_b : 0)) * n;
   return whole <= kMoeGradThreadOperandBytes ? s.n : longest(a_and_packed + copied_b);
 }

@@ -198,6 +198,7 @@ TEST(moe_grad_plan, WorkspaceDoesNotGrowWithM) {
       EXPECT_LE(tables, 2 * 8 * static_cast<uint64_t>(batch * 2) + 8 * (p.token_chunks * 8 + 10));
       EXPECT_LE(p.workspace_bytes, per_thread + tables + 9 * 512);
       EXPECT_LE(p.workspace_bytes, 2 * (uint64_t{4} << 20) + tables + 9 * 512);
+      EXPECT_LT(p.workspace_bytes, static_cast<uint64_t>(batch) * 2 * 2048 * 4 / 16);
       if (batch == 65536) {  // the [M, K] float32 intermediate is 1 GiB there
         EXPECT_LT(p.workspace_bytes, static_cast<uint64_t>(batch) * 2 * 2048 * 4 / 64);
       }
