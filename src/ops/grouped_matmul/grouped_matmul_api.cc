@@ -133,10 +133,95 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
                 ThreadSlots& slots) const override {
     const GroupedMatmulPlan& p = plan_;
     for (int64_t u = begin; u < end; ++u) {
+      if (p.k_blocks > 1) {
+        RunKBlockedUnit(u / p.NGroups(), u % p.NGroups(), tables, slots);
+        continue;
+      }
       const int64_t row_block = p.column_block_first ? u % p.row_blocks : u / p.col_blocks;
       const int64_t col_block = p.column_block_first ? u / p.row_blocks : u % p.col_blocks;
       RunUnit(row_block, col_block, tables, slots);
     }
+  }
+
+  // x's row i, columns [k0, k0 + kr), as the GEMM takes it (gathered, or converted from
+  // float16), to `dst`.
+  void CopyARow(const Tables& tables, int64_t i, int64_t k0, int64_t kr, char* dst) const {
+    const GroupedMatmulShape& s = plan_.shape;
+    const char* src = XRow(tables, i) + k0 * ElementBytes(s.dtype);
+    if (s.dtype == DType::kF16) {
+      MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(src), reinterpret_cast<float*>(dst), kr);
+    } else {
+      std::memcpy(dst, src, static_cast<size_t>(kr * ElementBytes(s.dtype)));
+    }
+  }
+
+  // B of (expert g, column block), k-block [k0, k0 + kr): copied into the B tile when needed
+  // (rows of stride K), then prepared by the library (packed, for oneDNN); valid until the
+  // thread's next PrepareB.
+  const void* PrepareWeights(int64_t g, int64_t col_block, int64_t k0, int64_t kr,
+                             ThreadSlots& slots) const {
+    const GroupedMatmulPlan& p = plan_;
+    const GroupedMatmulShape& s = p.shape;
+    const int64_t elem = ElementBytes(s.dtype);
+    const int64_t n0 = col_block * p.base_n;
+    const int64_t cols = BlockCols(col_block);
+    const char* w = TensorBase(operand_);
+    if (p.b_from_kn) {  // [K, N] rows, packed by the library in one pass
+      return slots.gemm->PrepareBFromKN(cols, kr, w + ((g * s.k + k0) * s.n + n0) * elem);
+    }
+    const void* b = w + ((g * s.n + n0) * s.k + k0) * elem;  // [N, K] rows of expert g, in place
+    if (p.b_copied) {
+      if (s.weight_nk) {  // float16 [N, K] rows: converted
+        for (int64_t c = 0; c < cols; ++c) {
+          MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(w + ((g * s.n + n0 + c) * s.k + k0) * elem),
+                             reinterpret_cast<float*>(slots.b_tile) + c * s.k, kr);
+        }
+      } else {  // [K, N]: the block's columns become the B tile's rows
+        GroupedMatmulTransposeBlock(s.dtype, w + ((g * s.k + k0) * s.n + n0) * elem, s.n, kr, cols,
+                                    slots.b_tile, s.k);
+      }
+      b = slots.b_tile;
+    }
+    return slots.gemm->PrepareB(cols, kr, b);
+  }
+
+  // Streamed weights: the unit's column blocks [nb0, nb1) for the pieces of one row block, K
+  // in k-blocks summed in ascending order into one C tile per column block. Each k-block of a
+  // piece's A is copied once (dense, as the GEMM takes it) for all the unit's column blocks, and
+  // each B k-block prepared for that one piece.
+  void RunKBlockedUnit(int64_t row_block, int64_t n_group, const Tables& tables,
+                       ThreadSlots& slots) const {
+    const GroupedMatmulPlan& p = plan_;
+    const GroupedMatmulShape& s = p.shape;
+    const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
+    const int64_t out_elem = ElementBytes(s.out_dtype);
+    const int64_t r0 = row_block * p.base_m;
+    const int64_t r1 = std::min(s.m, r0 + p.base_m);
+    const int64_t nb0 = n_group * p.n_group_blocks;
+    const int64_t nb1 = std::min(p.col_blocks, nb0 + p.n_group_blocks);
+    const int64_t tile_elems = p.base_m * p.base_n;
+    ForEachPiece(r0, r1, tables.group_offsets, [&](int64_t g, int64_t s0, int64_t s1) {
+      const int64_t rows = PaddedRows(s1 - s0);
+      for (int64_t kb = 0; kb < p.k_blocks; ++kb) {
+        const int64_t k0 = kb * p.base_k;
+        const int64_t kr = kb == p.k_blocks - 1 ? p.last_k : p.base_k;
+        for (int64_t i = s0; i < s1; ++i) CopyARow(tables, i, k0, kr, slots.a_tile + (i - s0) * kr * gemm_elem);
+        std::memset(slots.a_tile + (s1 - s0) * kr * gemm_elem, 0,
+                    static_cast<size_t>((rows - (s1 - s0)) * kr * gemm_elem));
+        for (int64_t nb = nb0; nb < nb1; ++nb) {
+          const void* b = PrepareWeights(g, nb, k0, kr, slots);
+          slots.gemm->Run(rows, BlockCols(nb), kr, /*accumulate=*/kb > 0, slots.a_tile, b,
+                          slots.c_tile + (nb - nb0) * tile_elems);
+        }
+      }
+      char* y = TensorBase(out_);
+      for (int64_t nb = nb0; nb < nb1; ++nb) {
+        for (int64_t i = s0; i < s1; ++i) {
+          GroupedMatmulStoreRow(slots.c_tile + (nb - nb0) * tile_elems + (i - s0) * p.base_n,
+                                y + (i * s.n + nb * p.base_n) * out_elem, s.out_dtype, BlockCols(nb));
+        }
+      }
+    });
   }
 
   // Expert g's rows are cut into pieces of base_m rows from its first row (the last one shorter),
@@ -161,22 +246,15 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
                ThreadSlots& slots) const {
     const GroupedMatmulPlan& p = plan_;
     const GroupedMatmulShape& s = p.shape;
-    const int64_t elem = ElementBytes(s.dtype);
     const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
     const int64_t r0 = row_block * p.base_m;
     const int64_t r1 = std::min(s.m, r0 + p.base_m);
     const int64_t n0 = col_block * p.base_n;
     const int64_t cols = BlockCols(col_block);
     const int64_t* off = tables.group_offsets;
-    // Copies x's row i (gathered, or converted from float16) to row `to` of the A tile.
+    // Copies x's row i to row `to` of the A tile.
     const auto copy_row = [&](int64_t i, int64_t to) {
-      const char* src = XRow(tables, i);
-      char* dst = slots.a_tile + to * s.k * gemm_elem;
-      if (s.dtype == DType::kF16) {
-        MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(src), reinterpret_cast<float*>(dst), s.k);
-      } else {
-        std::memcpy(dst, src, static_cast<size_t>(s.k * elem));
-      }
+      CopyARow(tables, i, 0, s.k, slots.a_tile + to * s.k * gemm_elem);
     };
     // A copied with units row block first: the A tile holds the rows of the block's pieces,
     // [r0, r_end), once for all the column blocks the thread runs in a row, then zeros for the
@@ -191,29 +269,11 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
                   static_cast<size_t>(p.row_granule * s.k * gemm_elem));
       slots.a_block = row_block;
     }
-    const char* w = TensorBase(operand_);
     ForEachPiece(r0, r1, off, [&](int64_t g, int64_t s0, int64_t s1) {
-      // B of (expert g, column block): copied into the B tile when needed, then prepared (packed
-      // by the library) once for all the row blocks the thread runs in a row.
+      // B of (expert g, column block), prepared once for all the row blocks the thread runs in
+      // a row.
       if (slots.b_expert != g || slots.b_col != col_block) {
-        if (p.b_from_kn) {  // [K, N] rows, packed by the library in one pass
-          slots.b_ready = slots.gemm->PrepareBFromKN(cols, s.k, w + (g * s.k * s.n + n0) * elem);
-        } else {
-          const void* b = w + (g * s.n + n0) * s.k * elem;  // [N, K] rows of expert g, in place
-          if (p.b_copied) {
-            if (s.weight_nk) {  // float16 [N, K] rows: converted
-              for (int64_t c = 0; c < cols; ++c) {
-                MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(w + (g * s.n + n0 + c) * s.k * elem),
-                                   reinterpret_cast<float*>(slots.b_tile) + c * s.k, s.k);
-              }
-            } else {  // [K, N]: the block's columns become the B tile's rows
-              GroupedMatmulTransposeBlock(s.dtype, w + (g * s.k * s.n + n0) * elem, s.n, s.k, cols,
-                                          slots.b_tile, s.k);
-            }
-            b = slots.b_tile;
-          }
-          slots.b_ready = slots.gemm->PrepareB(cols, s.k, b);
-        }
+        slots.b_ready = PrepareWeights(g, col_block, 0, s.k, slots);
         slots.b_expert = g;
         slots.b_col = col_block;
       }

@@ -30,6 +30,8 @@ struct Tiles {
   DType gemm_dtype;
   int64_t base_m, base_n, reduce;
   int64_t row_blocks, last_block_rows, col_blocks, last_block_cols;
+  int64_t base_k, k_blocks, last_k;  // forward k-blocks (one of K unless streamed)
+  int64_t n_group_blocks;            // forward: column blocks per unit
 };
 
 // Whether B may be packed by the GEMM straight from rows of [reduce, width] (row stride N):
@@ -65,6 +67,30 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   t.base_n = columns.base;
   t.col_blocks = columns.blocks;
   t.last_block_cols = columns.last;
+  t.base_k = t.last_k = t.reduce;
+  t.k_blocks = t.n_group_blocks = 1;
+  // Streamed weights: K in k-blocks of kGroupedMatmulStreamBaseK, each B k-block prepared (packed
+  // into L2) for one piece and used at once, a piece's A k-block copied once for a unit of many
+  // column blocks. Over the whole K, a packed block overflows L2 (S3: 3.7 MiB bfloat16) and the
+  // GEMM reads it from L3 again for every few rows; but it is packed once for all the pieces of
+  // an expert a thread runs, where k-blocks pack it once per piece. Measured on an AMX Xeon
+  // (docs/benchmarks.md, session 17), percent of dense: bfloat16 S1 75 -> 89, S2 63 -> 95, S3
+  // 40 -> 83; float32 S2 79 -> 81, S3 67 -> 80, but S1 90 -> 84 (1024 rows an expert: four
+  // pieces, four packs); float16 S3 38 -> 63, S1 80 -> 68. So: bfloat16 whenever K spans
+  // k-blocks, float32 GEMMs (float32 and float16) when experts average at most base_m rows (one
+  // piece). float32 on CPUs of MoeF32InPlaceKNOutrunsPackedBrgemm keeps the in-place kernel
+  // measured there. A property of the shape (and that CPU rule) whatever the weights' layout:
+  // every weight form sums in the same order.
+  const bool in_place_f32 =
+      s.dtype == DType::kF32 && MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
+  const bool one_piece_an_expert = s.m <= s.g * t.base_m;
+  if (forward && !in_place_f32 && s.k > kGroupedMatmulStreamBaseK &&
+      (t.gemm_dtype == DType::kBF16 || one_piece_an_expert)) {
+    t.base_k = kGroupedMatmulStreamBaseK;
+    t.k_blocks = CeilDiv(s.k, t.base_k);
+    t.last_k = s.k - (t.k_blocks - 1) * t.base_k;
+    t.n_group_blocks = std::clamp<int64_t>(kGroupedMatmulStreamGroupCols / t.base_n, 1, t.col_blocks);
+  }
   return t;
 }
 
@@ -86,6 +112,12 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
   g.widths = {t.base_n};
   if (t.last_block_cols != t.base_n) g.widths.push_back(t.last_block_cols);
   g.steps = {{t.reduce, false}};
+  if (t.k_blocks > 1) {  // forward k-blocks: A copied dense per k-block, B where it is
+    g.dense_a_steps = true;
+    g.steps = {{t.base_k, false}};
+    if (t.k_blocks > 2 || t.last_k == t.base_k) g.steps.push_back({t.base_k, true});
+    if (t.last_k != t.base_k) g.steps.push_back({t.last_k, true});
+  }
   if (s.op == GroupedMatmulOp::kWeightGrad) {
     // Rows: K blocks, all full but the last. Reduction: full chunks of base_r rows, and an
     // expert's last chunk only as long as its rows padded to the granule (not to base_r: with
@@ -105,7 +137,8 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
   // for its row blocks, the weight grad per (chunk, column block) for its K blocks.
   g.prepared_b = true;
   if (MayPackBFromKN(s)) g.ldb_kn = s.n;
-  g.b_in_place_kn = s.op == GroupedMatmulOp::kForward && g.ldb_kn > 0 && s.dtype == DType::kF32;
+  g.b_in_place_kn = s.op == GroupedMatmulOp::kForward && g.ldb_kn > 0 && s.dtype == DType::kF32 &&
+                    t.k_blocks == 1;
   return g;
 }
 
@@ -135,6 +168,9 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
   p.base_m = t.base_m;
   p.base_n = t.base_n;
   p.reduce = t.reduce;
+  p.base_k = t.base_k;
+  p.k_blocks = t.k_blocks;
+  p.last_k = t.last_k;
   p.row_granule = machine.gemm_row_granule;
   p.row_blocks = t.row_blocks;
   p.last_block_rows = t.last_block_rows;
@@ -142,20 +178,30 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
   p.last_block_cols = t.last_block_cols;
   p.b_from_kn = MayPackBFromKN(s) && machine.packs_b_from_kn;
   if (forward) {
-    p.k_group_blocks = p.n_group_blocks = 1;
-    p.units = s.m == 0 ? 0 : p.row_blocks * p.col_blocks;
-    p.a_copied = s.gather_fused || s.dtype == DType::kF16;
+    p.k_group_blocks = 1;
+    const bool k_blocked = p.k_blocks > 1;
+    // With k-blocks, a unit's column blocks change no output bit (each C tile sums its k-blocks
+    // in the same order whichever unit runs it): narrower units where the machine needs more.
+    p.n_group_blocks = t.n_group_blocks;
+    while (p.n_group_blocks > 1 &&
+           p.row_blocks * p.NGroups() < kGroupedMatmulStreamUnitsPerThread * machine.threads) {
+      p.n_group_blocks = (p.n_group_blocks + 1) / 2;
+    }
+    p.units = s.m == 0 ? 0 : p.row_blocks * p.NGroups();
+    p.a_copied = s.gather_fused || s.dtype == DType::kF16 || k_blocked;
     p.b_copied = s.dtype == DType::kF16 || (!s.weight_nk && !p.b_from_kn);
     // A copied or packed B block is worth more than a copied A tile: a pass over a weight block
     // costs about what gathering (or converting) x's rows does, and it serves only the rows of
-    // one expert, so it is the one kept across units.
-    p.column_block_first = p.b_copied || machine.packs_b;
-    p.c_tile_elems = p.base_m * p.base_n;
-    // A: one piece of an expert's rows (at most base_m) and the padding its GEMM reads past it;
-    // copied A with units row block first: the pieces of a row block, which may run up to
-    // base_m - 1 rows past it.
-    const bool a_whole_block = p.a_copied && !p.column_block_first;
-    p.a_tile_elems = ((a_whole_block ? 2 * p.base_m : p.base_m) + p.row_granule) * s.k;
+    // one expert, so it is the one kept across units. With k-blocks no B is kept: each is
+    // prepared for one piece, the piece's A k-block copied once for the unit's column blocks.
+    p.column_block_first = !k_blocked && (p.b_copied || machine.packs_b);
+    p.c_tile_elems = p.n_group_blocks * p.base_m * p.base_n;
+    // A: one piece of an expert's rows (at most base_m) and the padding its GEMM reads past it
+    // (with k-blocks: one k-block of them); copied A with units row block first: the pieces of a
+    // row block, which may run up to base_m - 1 rows past it.
+    const bool a_whole_block = p.a_copied && !p.column_block_first && !k_blocked;
+    p.a_tile_elems = ((a_whole_block ? 2 * p.base_m : p.base_m) + p.row_granule) * p.base_k;
+    // B: a block's rows of the whole K, stride K (with k-blocks, one k-block of each row).
     p.b_tile_elems = p.b_copied ? p.base_n * s.k : 0;
   } else {
     p.n_group_blocks = std::max<int64_t>(1, std::min(p.col_blocks, kGroupedMatmulGradGroupCols / p.base_n));
@@ -217,7 +263,8 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       "{{\"op\": \"{}\", \"dtype\": \"{}\", \"out_dtype\": \"{}\", \"gemm_dtype\": \"{}\", "
       "\"gemm_backend\": \"{}\", \"gemm_impl\": {{{}}}, "
       "\"shape\": {{\"M\": {}, \"K\": {}, \"N\": {}, \"G\": {}}}, {}, \"group_list_type\": \"{}\", "
-      "{}\"base_m\": {}, \"base_n\": {}, \"reduce\": {}, \"row_granule\": {}, "
+      "{}\"base_m\": {}, \"base_n\": {}, \"reduce\": {}, \"base_k\": {}, \"k_blocks\": {}, "
+      "\"last_k\": {}, \"row_granule\": {}, "
       "\"work_split\": {{\"row_blocks\": {}, \"last_block_rows\": {}, \"col_blocks\": {}, "
       "\"last_block_cols\": {}, \"k_group_blocks\": {}, \"n_group_blocks\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_grab\": {}}}, "
       "\"a_copied\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"threads\": {}, \"machine_threads\": {}, "
@@ -228,7 +275,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       DTypeName(s.out_dtype), DTypeName(p.gemm_dtype), p.gemm_backend, impls, s.m, s.k, s.n, s.g,
       routing, GroupListTypeName(s.routing.group_list_type),
       forward ? fmt::format("\"weight_layout\": \"{}\", ", s.weight_nk ? "GNK" : "GKN") : "",
-      p.base_m, p.base_n, p.reduce, p.row_granule, p.row_blocks, p.last_block_rows, p.col_blocks,
+      p.base_m, p.base_n, p.reduce, p.base_k, p.k_blocks, p.last_k, p.row_granule, p.row_blocks, p.last_block_rows, p.col_blocks,
       p.last_block_cols, p.k_group_blocks, p.n_group_blocks, p.units,
       forward ? (p.column_block_first ? "column_block_first" : "row_block_first")
               : "expert_k_group_n_group",

@@ -21,6 +21,14 @@
 // for all the row blocks it runs in a row (a gathered A is then gathered again per unit: one pass
 // over the rows of x, where B's pass serves only one expert's rows); otherwise row block first,
 // so a gathered A serves every column block.
+// Streamed weights (k_blocks > 1, the rule in ChooseTiles): K is cut into k-blocks of base_k and
+// a unit is (row block) x (n_group_blocks column blocks), row block first. For each piece and
+// each k-block in ascending order, the piece's A k-block is copied dense into the A tile once,
+// then for each of the unit's column blocks B's k-block is prepared (packed: it stays in L2) and
+//   C_nb[rows, cols] (+)= x(rows)[:, k0:k0+kr] * W[g][k0:k0+kr, cols]      (float32)
+// (the first k-block writes); after the last one the C tiles are rounded into y. Nothing is kept
+// across units. How many column blocks a unit spans changes no output bit (each C tile sums the
+// same calls in the same order), so it narrows on machines with many threads.
 //
 // GroupedMatmulWeightGrad: gradWeight is cut into tiles of (expert g) x (block of base_m of K) x
 // (block of base_n of N). Each tile sums its expert's rows in chunks of base_r rows, ascending
@@ -34,7 +42,8 @@
 // are transposed once for the whole group (not once per tile) and each column block's B packed
 // once for the group's K blocks; the float32 sums stay in the thread's C tiles between chunks.
 //
-// Determinism by construction: units, pieces, chunks and GEMM shapes depend on the problem only,
+// Determinism by construction: pieces, k-blocks, chunks and GEMM shapes depend on the problem
+// only (units too, but for the streamed forward's column groups, which change no bit),
 // each GEMM runs single-threaded, and every output element is written by one unit. Threads only
 // decide which units run where: each takes the next units_per_grab consecutive units while any
 // remain (skewed routing makes some units far heavier than others; a static split would wait for
@@ -62,6 +71,12 @@ inline constexpr int64_t kGroupedMatmulGradGroupBlocks = 4;
 inline constexpr int64_t kGroupedMatmulGradGroupCols = 2048;
 inline constexpr int64_t kGroupedMatmulGradGroupElems = int64_t{1} << 20;
 inline constexpr uint64_t kGroupedMatmulAlignment = 512;  // every workspace region starts aligned
+// Forward k-blocks (streamed weights, see ChooseTiles): K cut into k-blocks of this length, a
+// unit spanning up to kGroupedMatmulStreamGroupCols columns, fewer where that leaves under
+// kGroupedMatmulStreamUnitsPerThread units a thread.
+inline constexpr int64_t kGroupedMatmulStreamBaseK = 256;
+inline constexpr int64_t kGroupedMatmulStreamGroupCols = 2048;
+inline constexpr int64_t kGroupedMatmulStreamUnitsPerThread = 4;
 
 struct GroupedMatmulMachine {
   int32_t threads;
@@ -97,15 +112,20 @@ struct GroupedMatmulPlan {
   std::vector<std::pair<int64_t, std::string>> gemm_impls;
   int64_t base_m;        // forward: x rows per row block; weight grad: K rows per block
   int64_t base_n;        // output columns per block
-  int64_t reduce;        // the reduction of one GEMM call: forward K, weight grad base_r
+  int64_t reduce;        // the reduction of one unit's GEMM calls: forward K, weight grad base_r
+  // Forward: K cut into k_blocks of base_k (the last last_k), summed in ascending order into
+  // C (streamed weights); one k-block of K otherwise. Weight grad: 1 (base_k = last_k = reduce).
+  int64_t base_k;
+  int64_t k_blocks;
+  int64_t last_k;
   int64_t row_granule;
   int64_t row_blocks;    // forward: ceil(M / base_m); weight grad: ceil(K / base_m)
   int64_t last_block_rows;
   int64_t col_blocks;    // ceil(N / base_n)
   int64_t last_block_cols;
   int64_t k_group_blocks;  // weight grad: K blocks per unit (forward: 1)
-  int64_t n_group_blocks;  // weight grad: column blocks per unit (forward: 1)
-  int64_t units;         // forward: row_blocks * col_blocks; weight grad: G * k groups * n groups
+  int64_t n_group_blocks;  // column blocks per unit (forward: 1 but with k-blocks)
+  int64_t units;         // forward: row_blocks * n groups; weight grad: G * k groups * n groups
   bool column_block_first;  // forward: units ordered (column block, row block): B copied or packed
   bool a_copied;         // forward: A always goes through the A tile (gather-fused or float16)
   bool b_copied;         // forward: B always goes through the B tile ([G, K, N] or float16)

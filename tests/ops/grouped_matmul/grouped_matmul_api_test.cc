@@ -35,6 +35,10 @@ const GmmCase kCases[] = {
     // Expert 0 holds ~600 rows (three pieces of base_m from its first row), the others ~50 each,
     // so pieces start inside row blocks and run past them (forward: owned by their first row).
     {"pieces_past_row_blocks", 740, 1, 4, 24, 40, 1.0, 0.8},
+    // Forward k-blocks (streamed weights: K > kGroupedMatmulStreamBaseK, experts averaging at most
+    // base_m rows): 600 = 256 + 256 + 88, two row blocks, a unit of two column blocks (the last
+    // 44 wide).
+    {"k_blocks", 150, 2, 3, 600, 300, 1.0, 0.5},
 };
 
 struct Form {
@@ -142,7 +146,8 @@ TEST(grouped_matmul_api, DTypeOutputIsTheFloat32OutputRoundedOnce) {
 
 // The four weight forms are the same weights: the same bits out.
 TEST(grouped_matmul_api, EveryWeightFormGivesTheSameBytes) {
-  const GmmCase cases[] = {kCases[3], kCases[7], kCases[9], kCases[10], kCases[11], kCases[12]};
+  const GmmCase cases[] = {kCases[3],  kCases[7],  kCases[9], kCases[10],
+                           kCases[11], kCases[12], kCases[14]};
   for (const GmmCase& c : cases) {
     for (DType dtype : kDTypes) {
       const GmmInputs in = MakeGmmInputs(c, dtype, GmmValues::kRandom);
@@ -287,10 +292,13 @@ TEST(grouped_matmul_api, WeightGradAddIsTheSumAddedOnce) {
 }
 
 // Determinism: the same bytes on every run and for 1, 2, 3 and 4 threads, with random inputs.
-// The cases have many units, both unit orders of the forward pass, and several chunks.
+// The cases have many units, both unit orders of the forward pass, and several chunks; the last
+// one forward k-blocks whose units span 3, 2, 1 and 1 column blocks at 1, 2, 3 and 4 threads
+// (kGroupedMatmulStreamUnitsPerThread; grouped_matmul_plan.StreamedWeightsInKBlocks).
 TEST(grouped_matmul_api, BitIdenticalAcrossRunsAndThreadCounts) {
   const GmmCase cases[] = {{"many_units", 400, 3, 9, 100, 600, 0.9},
-                           {"long_experts", 900, 1, 3, 300, 70}};
+                           {"long_experts", 900, 1, 3, 300, 70},
+                           {"k_block_units", 300, 2, 5, 520, 1100, 0.9}};
   for (const GmmCase& c : cases) {
     for (DType dtype : kDTypes) {
       const GmmInputs in = MakeGmmInputs(c, dtype, GmmValues::kRandom);

@@ -231,6 +231,71 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
   EXPECT_EQ(gemm.widths, (std::vector<int64_t>{256, 600 - 512}));
 }
 
+// Forward k-blocks (streamed weights): bfloat16 whenever K spans more than one k-block, float32
+// GEMMs when experts average at most base_m rows; k-blocks of kGroupedMatmulStreamBaseK, units of
+// up to kGroupedMatmulStreamGroupCols columns, narrowed until each thread has
+// kGroupedMatmulStreamUnitsPerThread units.
+TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
+  const bool in_place_f32 = MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
+  const int64_t bk = kGroupedMatmulStreamBaseK;
+  // S3: 8192 rows over 60 experts (~137 each), K 7168, N 2048 (8 blocks of 256).
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const auto s = Shape(GroupedMatmulOp::kForward, 8192, 7168, 2048, 60, dtype);
+    const auto p = MakeGroupedMatmulPlan(s, Machine(2));
+    if (dtype == DType::kF32 && in_place_f32) {
+      EXPECT_EQ(p.k_blocks, 1);
+      continue;
+    }
+    EXPECT_EQ(p.base_k, bk);
+    EXPECT_EQ(p.k_blocks, 7168 / bk);
+    EXPECT_EQ(p.last_k, bk);
+    EXPECT_EQ(p.n_group_blocks, std::min<int64_t>(8, kGroupedMatmulStreamGroupCols / 256));
+    EXPECT_EQ(p.units, 32 * p.NGroups());
+    EXPECT_FALSE(p.column_block_first);
+    EXPECT_TRUE(p.a_copied);
+    EXPECT_EQ(p.a_tile_elems, (256 + p.row_granule) * bk);  // one k-block of one piece
+    EXPECT_EQ(p.c_tile_elems, p.n_group_blocks * 256 * 256);
+    // Narrower units on bigger machines, at least kGroupedMatmulStreamUnitsPerThread a thread
+    // while a unit has more than one column block.
+    for (int32_t threads : {4, 16, 64, 128}) {
+      const auto wide = MakeGroupedMatmulPlan(s, Machine(threads));
+      EXPECT_EQ(wide.k_blocks, p.k_blocks);
+      EXPECT_TRUE(wide.n_group_blocks == 1 ||
+                  wide.units >= kGroupedMatmulStreamUnitsPerThread * threads) << threads;
+      EXPECT_LE(wide.n_group_blocks, p.n_group_blocks);
+    }
+    EXPECT_EQ(MakeGroupedMatmulPlan(s, Machine(128)).n_group_blocks, 1);
+    // The tile GEMM: A dense per k-block, B where it is (row stride K, or N from [K, N] rows).
+    const MoeTileGemmShape gemm = GroupedMatmulTileGemmShape(s);
+    EXPECT_TRUE(gemm.dense_a_steps);
+    EXPECT_FALSE(gemm.dense_steps);
+    EXPECT_EQ(gemm.ldb, 7168);
+    EXPECT_FALSE(gemm.b_in_place_kn);
+    EXPECT_EQ(gemm.steps, (std::vector<MoeTileGemmShape::Step>{{bk, false}, {bk, true}}));
+  }
+  // A last, shorter k-block: K = 1000 = 3 x 256 + 232.
+  const auto tail = Shape(GroupedMatmulOp::kForward, 300, 1000, 500, 4, DType::kBF16);
+  const auto pt = MakeGroupedMatmulPlan(tail, Machine(1));
+  EXPECT_EQ(pt.k_blocks, 4);
+  EXPECT_EQ(pt.last_k, 1000 - 3 * bk);
+  EXPECT_EQ(GroupedMatmulTileGemmShape(tail).steps,
+            (std::vector<MoeTileGemmShape::Step>{{bk, false}, {bk, true}, {1000 - 3 * bk, true}}));
+  // S1: 1024 rows an expert. bfloat16 streams, float32 keeps the whole K (B packed once for an
+  // expert's four pieces); K within one k-block: never.
+  EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 8192, 2048, 1408, 8, DType::kBF16),
+                                  Machine(2)).k_blocks, 2048 / bk);
+  for (DType dtype : {DType::kF32, DType::kF16}) {
+    EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 8192, 2048, 1408, 8, dtype),
+                                    Machine(2)).k_blocks, 1);
+  }
+  EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 300, bk, 500, 4, DType::kBF16),
+                                  Machine(1)).k_blocks, 1);
+  // The weight gradient has none.
+  EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 8192, 7168, 2048, 60, DType::kBF16),
+                                  Machine(2)).k_blocks, 1);
+}
+
 // Plans depend on the shape and the machine only; workspace per thread, index tables per M and G.
 TEST(grouped_matmul_plan, WorkspaceScalesWithThreads) {
   const auto s = Shape(GroupedMatmulOp::kForward, 4096, 512, 1024, 8);
@@ -258,7 +323,8 @@ TEST(grouped_matmul_plan, Json) {
   const std::string json = GroupedMatmulPlanToJson(MakeGroupedMatmulPlan(s, Machine(4)));
   for (const char* field : {"\"op\": \"grouped_matmul\"", "\"dtype\": \"bfloat16\"",
                             "\"x\": \"tokens\"", "\"topK\": 2", "\"weight_layout\": \"GKN\"",
-                            "\"order\": \"column_block_first\"", "\"units\": 12", "\"workspace_bytes\""}) {
+                            "\"order\": \"row_block_first\"", "\"k_blocks\": 2", "\"last_k\": 44",
+                            "\"units\": 12", "\"workspace_bytes\""}) {
     EXPECT_NE(json.find(field), std::string::npos) << field << " missing from " << json;
   }
   EXPECT_EQ(std::count(json.begin(), json.end(), '{'), std::count(json.begin(), json.end(), '}'));

@@ -27,7 +27,10 @@ struct MoeTileGemmShape {
   int64_t lda;                  // row stride of A: = the reduction of a step (A is dense)
   // lda = ldb = each step's own reduce (A and B dense whatever the step; lda and ldb unused).
   bool dense_steps = false;
-  int64_t LdaOf(int64_t reduce) const { return dense_steps ? reduce : lda; }
+  // lda = each step's own reduce, B of row stride ldb (GroupedMatmul's k-blocks: A copied dense
+  // per k-block, B read where it is).
+  bool dense_a_steps = false;
+  int64_t LdaOf(int64_t reduce) const { return dense_steps || dense_a_steps ? reduce : lda; }
   int64_t LdbOf(int64_t reduce) const { return dense_steps ? reduce : ldb; }
   // The reduction is cut into k-blocks summed in ascending order into C: each call reduces
   // `reduce` elements and either writes C or adds to it (the first k-block writes).
