@@ -8,6 +8,7 @@
 
 #include "core/c_api_guard.h"
 #include "core/check.h"
+#include "core/cpu/stream_copy.h"
 #include "core/error.h"
 #include "core/executor.h"
 #include "core/thread_pool.h"
@@ -98,6 +99,7 @@ class GroupedMatmulExecutorBase : public gkOpExecutor {
         RunUnits(grab * p.units_per_grab, std::min(p.units, (grab + 1) * p.units_per_grab), tables,
                  slots);
       }
+      if (p.stream_out) FlushStreamingStores();  // before the caller reads what it streamed
     });
     return GK_SUCCESS;
   }
@@ -394,6 +396,8 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
           char* row = dw + ((g * s.k + kk0 + kk) * s.n + nn0) * out_elem;
           if (s.accumulate) {
             GroupedMatmulAddRow(sum, row, s.out_dtype, BlockCols(nb));
+          } else if (p.stream_out) {
+            GroupedMatmulStreamRow(sum, row, s.out_dtype, BlockCols(nb));
           } else {
             GroupedMatmulStoreRow(sum, row, s.out_dtype, BlockCols(nb));
           }

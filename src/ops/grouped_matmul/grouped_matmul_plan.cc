@@ -211,6 +211,12 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     p.units = s.g * p.KGroups() * p.NGroups();
     p.a_copied = p.b_copied = true;  // b: at least the chunks that need zero padding
     p.column_block_first = false;
+    // gradWeight is written once, never read here, and read by its consumer (the optimizer)
+    // only after the rest of the backward pass: its lines are not worth reading for ownership.
+    // Measured on an AMX Xeon (docs/benchmarks.md, session 17), percent of dense: bfloat16 S2
+    // 49 -> 58, S3 32 -> 42; float32 S2 70 -> 76, S3 59 -> 65; S1 (92 MB of float32 gradWeight)
+    // +1 to +4. Add reads gradWeightRef anyway: plain stores.
+    p.stream_out = !s.accumulate;
     p.c_tile_elems = p.k_group_blocks * p.n_group_blocks * p.base_m * p.base_n;
     p.a_tile_elems = s.m == 0 ? 0 : p.k_group_blocks * p.base_m * p.reduce;
     p.b_tile_elems = s.m == 0 ? 0 : p.n_group_blocks * p.base_n * p.reduce;
@@ -267,7 +273,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       "\"last_k\": {}, \"row_granule\": {}, "
       "\"work_split\": {{\"row_blocks\": {}, \"last_block_rows\": {}, \"col_blocks\": {}, "
       "\"last_block_cols\": {}, \"k_group_blocks\": {}, \"n_group_blocks\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_grab\": {}}}, "
-      "\"a_copied\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"threads\": {}, \"machine_threads\": {}, "
+      "\"a_copied\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"stream_out\": {}, \"threads\": {}, \"machine_threads\": {}, "
       "\"thread_bytes\": {}, \"workspace\": {{\"alignment\": {}, \"c_tiles\": {}, \"a_tiles\": {}, "
       "\"b_tiles\": {}, \"system\": {}, \"group_offsets\": {}, \"row_token\": {}, \"end\": {}}}, "
       "\"workspace_bytes\": {}}}",
@@ -279,7 +285,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       p.last_block_cols, p.k_group_blocks, p.n_group_blocks, p.units,
       forward ? (p.column_block_first ? "column_block_first" : "row_block_first")
               : "expert_k_group_n_group",
-      p.units_per_grab, p.a_copied, p.b_copied, p.b_from_kn, p.threads, p.machine_threads, p.thread_bytes,
+      p.units_per_grab, p.a_copied, p.b_copied, p.b_from_kn, p.stream_out, p.threads, p.machine_threads, p.thread_bytes,
       kGroupedMatmulAlignment, region(l.c_tiles), region(l.a_tiles), region(l.b_tiles),
       region(l.system), region(l.group_offsets), region(l.row_token), l.end, p.workspace_bytes);
 }

@@ -1,6 +1,6 @@
 // GroupedMatmul(WeightGrad) kernels on every SIMD target compiled in, against element-by-element
 // definitions: the transposed weight block (the values of the fused op's MoeTransposeWeightBlock),
-// the transposed row gather with its zero padding, and the rounding store. Sizes around the
+// the transposed row gather with its zero padding, and the rounding store (plain and streamed). Sizes around the
 // register blocks (4 and 8 rows, 8 columns), so that every edge path runs.
 #include <gtest/gtest.h>
 
@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "core/cpu/stream_copy.h"
 #include "core/cpu_info.h"
 #include "core/dtype.h"
 #include "ops/grouped_matmul/cpu/grouped_matmul_kernels.h"
@@ -109,6 +110,40 @@ TEST_F(grouped_matmul_kernels, StoreRowRoundsOnceToNearestEven) {
           StoreFromF32(want.data(), 0, dtype, src[j]);
           ASSERT_EQ(std::memcmp(got.data() + j * ElementBytes(dtype), want.data(), want.size()), 0)
               << DTypeName(dtype) << " n " << n << " at " << j;
+        }
+      }
+    }
+  });
+}
+
+// The streaming store writes StoreRow's bytes whatever dst's alignment (heads of 0..63 bytes
+// before the first cache line, 16-bit ones included) and length (under one pair of vectors,
+// across several, ending inside one), and nothing outside [dst, dst + n).
+TEST_F(grouped_matmul_kernels, StreamRowWritesTheStoredBytes) {
+  Run([] {
+    std::mt19937 generator(5);
+    std::uniform_real_distribution<float> real(-1e4f, 1e4f);
+    for (DType dtype : kDTypes) {
+      const int64_t elem = ElementBytes(dtype);
+      for (int64_t offset = 0; offset < 64; offset += elem) {
+        for (int64_t n : {1, 15, 31, 32, 33, 64, 100, 257}) {
+          std::vector<float> src(static_cast<size_t>(n));
+          for (float& v : src) v = real(generator);
+          // The row `offset` bytes past a 64-byte boundary, guard bytes around it.
+          const size_t bytes = static_cast<size_t>(n * elem);
+          std::vector<uint8_t> want(bytes), storage(bytes + 256, 0xA5);
+          GroupedMatmulStoreRow(src.data(), want.data(), dtype, n);
+          const auto base = reinterpret_cast<uintptr_t>(storage.data());
+          const size_t start = (64 - base % 64) % 64 + static_cast<size_t>(offset);
+          GroupedMatmulStreamRow(src.data(), storage.data() + start, dtype, n);
+          FlushStreamingStores();
+          SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " offset " << offset << " n " << n);
+          ASSERT_EQ(std::memcmp(storage.data() + start, want.data(), bytes), 0);
+          for (size_t i = 0; i < storage.size(); ++i) {
+            if (i < start || i >= start + bytes) {
+              ASSERT_EQ(storage[i], 0xA5) << "byte " << i;
+            }
+          }
         }
       }
     }

@@ -201,6 +201,11 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
   EXPECT_EQ(p.last_block_rows, 300 - 256);
   EXPECT_EQ(p.col_blocks, 3);
   EXPECT_EQ(p.reduce, 256);  // rows per reduction chunk
+  EXPECT_TRUE(p.stream_out);  // gradWeight by non-temporal stores; Add reads it: plain stores
+  auto add = Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8);
+  add.accumulate = true;
+  EXPECT_FALSE(MakeGroupedMatmulPlan(add, Machine(3)).stream_out);
+  EXPECT_FALSE(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 5000, 300, 600, 8), Machine(3)).stream_out);
   // Units: groups of tiles of one expert (here all 2 x 3 of them: 6 float32 tiles of 256 KiB).
   EXPECT_EQ(p.k_group_blocks, 2);
   EXPECT_EQ(p.n_group_blocks, 3);

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/cpu/convert-inl.h"
+#include "core/cpu/stream_copy.h"
 #include "ops/grouped_matmul/cpu/grouped_matmul_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -41,6 +42,40 @@ HWY_NOINLINE void StoreRowAs(const float* src, void* dst, DType dtype, int64_t n
     case DType::kF16: StoreRow<F16Storage, false>(src, dst, n, dtype); break;
     case DType::kBF16: StoreRow<Bf16Storage, false>(src, dst, n, dtype); break;
     default: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); break;
+  }
+}
+
+// StoreRowAs with non-temporal stores from dst's first cache line on, in whole vectors (the
+// head before it and the tail after the last pair of vectors by plain stores), where the target
+// has them; elsewhere StoreRowAs.
+template <class Storage>
+void StreamRow(const float* src, void* dst_bytes, int64_t n, DType dtype) {
+  using Lane = typename Storage::Lane;
+  auto* dst = static_cast<Lane*>(dst_bytes);
+  int64_t j = 0;
+  if constexpr (kHasStreamingStores) {
+    const hn::ScalableTag<float> df;
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+    const auto misaligned = reinterpret_cast<uintptr_t>(dst) % kStreamLineBytes;
+    if (misaligned % sizeof(Lane) == 0) {
+      const int64_t head = static_cast<int64_t>((kStreamLineBytes - misaligned) % kStreamLineBytes / sizeof(Lane));
+      if (head + 2 * lanes <= n) {
+        StoreRow<Storage, false>(src, dst, head, dtype);
+        for (j = head; j + 2 * lanes <= n; j += 2 * lanes) {
+          StorePairFromF32<Storage, true>(df, hn::LoadU(df, src + j), hn::LoadU(df, src + j + lanes),
+                                          dst + j);
+        }
+      }
+    }
+  }
+  StoreRow<Storage, false>(src + j, dst + j, n - j, dtype);
+}
+
+HWY_NOINLINE void StreamRowAs(const float* src, void* dst, DType dtype, int64_t n) {
+  switch (dtype) {
+    case DType::kF16: StreamRow<F16Storage>(src, dst, n, dtype); break;
+    case DType::kBF16: StreamRow<Bf16Storage>(src, dst, n, dtype); break;
+    default: StreamRow<F32Storage>(src, dst, n, dtype); break;
   }
 }
 
@@ -184,6 +219,7 @@ HWY_AFTER_NAMESPACE();
 namespace gk {
 
 HWY_EXPORT(StoreRowAs);
+HWY_EXPORT(StreamRowAs);
 HWY_EXPORT(AddRowAs);
 HWY_EXPORT(TransposeBlockF32);
 HWY_EXPORT(TransposeBlockF16);
@@ -194,6 +230,10 @@ HWY_EXPORT(TransposeRows16);
 
 void GroupedMatmulStoreRow(const float* src, void* dst, DType dtype, int64_t n) {
   HWY_DYNAMIC_DISPATCH(StoreRowAs)(src, dst, dtype, n);
+}
+
+void GroupedMatmulStreamRow(const float* src, void* dst, DType dtype, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(StreamRowAs)(src, dst, dtype, n);
 }
 
 void GroupedMatmulAddRow(const float* src, void* dst, DType dtype, int64_t n) {

@@ -13,6 +13,12 @@ namespace gk {
 // dst[j] = src[j] rounded once (to nearest even) to `dtype` (float32, float16, bfloat16), j < n.
 void GroupedMatmulStoreRow(const float* src, void* dst, DType dtype, int64_t n);
 
+// The same bytes, by non-temporal stores (x86, AVX2 and later) from dst's first 64-byte line on,
+// for outputs written once and read only later by others: no read-for-ownership of their lines.
+// The calling thread ends with FlushStreamingStores() (core/cpu/stream_copy.h) before another
+// thread reads them.
+void GroupedMatmulStreamRow(const float* src, void* dst, DType dtype, int64_t n);
+
 // dst[j] = (dst[j] as float32 + src[j]) rounded once to `dtype`, j < n: the accumulating store of
 // GroupedMatmulWeightGradAdd (one float32 addition per element; no fused multiply-add).
 void GroupedMatmulAddRow(const float* src, void* dst, DType dtype, int64_t n);
