@@ -351,7 +351,8 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
     const char* dy = TensorBase(operand_);
     for (int64_t c0 = begin; c0 < end; c0 += p.reduce) {
       const int64_t chunk = std::min(p.reduce, end - c0);
-      const int64_t reduce = PaddedRows(chunk);  // p.reduce but for an expert's last chunk
+      // p.reduce but for an expert's last chunk
+      const int64_t reduce = (chunk + p.reduce_granule - 1) / p.reduce_granule * p.reduce_granule;
       // The chunk's x columns [k0, k1) and gradY columns [n0, n1), transposed once for the group:
       // A = [k, row] (zero rows up to the last block's padding), B = [n, row], rows of `reduce`
       // (zeros past the chunk).
@@ -383,15 +384,17 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
         }
       }
     }
-    // The group's tiles rounded into gradWeight, all after the last chunk. (Each tile stored
+    // The group's tiles rounded into gradWeight, all after the last chunk, a row of gradWeight
+    // (across the group's column blocks) at a time: one run of memory per row (tile after tile:
+    // S3 bfloat16 41-42 -> 46-48% of dense with streamed stores, session 17). (Each tile stored
     // right after its last GEMM, while in cache, measured slower on an AMX Xeon: S2 bfloat16
     // 48-50 -> 38-41% of dense, float32 S2/S3 3 points, docs/benchmarks.md, session 16.)
     char* dw = TensorBase(out_);
     const int64_t out_elem = ElementBytes(s.out_dtype);
     for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
-      for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
-        const int64_t kk0 = kb * p.base_m, nn0 = nb * p.base_n;
-        for (int64_t kk = 0; kk < k_rows(kb); ++kk) {
+      for (int64_t kk = 0; kk < k_rows(kb); ++kk) {
+        for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
+          const int64_t kk0 = kb * p.base_m, nn0 = nb * p.base_n;
           const float* sum = tile(kb, nb) + kk * p.base_n;
           char* row = dw + ((g * s.k + kk0 + kk) * s.n + nn0) * out_elem;
           if (s.accumulate) {

@@ -40,6 +40,11 @@ bool MayPackBFromKN(const GroupedMatmulShape& s) {
   return s.dtype != DType::kF16 && (s.op == GroupedMatmulOp::kWeightGrad || !s.weight_nk);
 }
 
+// Weight grad: the padding of an expert's last chunk on a GEMM with prepared reductions.
+int64_t ReduceGranule(DType gemm_dtype) {
+  return gemm_dtype == DType::kBF16 ? kGroupedMatmulBf16ReduceGranule : kGroupedMatmulRowGranule;
+}
+
 Tiles ChooseTiles(const GroupedMatmulShape& s) {
   Tiles t{};
   t.gemm_dtype = s.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
@@ -60,7 +65,7 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   }
   t.reduce = forward ? s.k
                      : std::min(kGroupedMatmulBaseR,
-                                RoundUp(std::max<int64_t>(s.m, 1), kGroupedMatmulRowGranule));
+                                RoundUp(std::max<int64_t>(s.m, 1), ReduceGranule(t.gemm_dtype)));
   t.row_blocks = CeilDiv(extent, t.base_m);
   t.last_block_rows = extent - (t.row_blocks - 1) * t.base_m;
   const MoeTileColumns columns = MoeTileColumnsOf(s.n, t.base_n);
@@ -128,7 +133,7 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
     g.dense_steps = true;
     g.own_f32_where_faster = true;
     g.steps.clear();
-    for (int64_t r = kGroupedMatmulRowGranule; r <= t.reduce; r += kGroupedMatmulRowGranule) {
+    for (int64_t r = ReduceGranule(t.gemm_dtype); r <= t.reduce; r += ReduceGranule(t.gemm_dtype)) {
       g.steps.push_back({r, false});
       g.steps.push_back({r, true});
     }
@@ -172,6 +177,8 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
   p.k_blocks = t.k_blocks;
   p.last_k = t.last_k;
   p.row_granule = machine.gemm_row_granule;
+  // A GEMM that takes any row count (the own kernel) pads nothing.
+  p.reduce_granule = forward || p.row_granule == 1 ? 1 : ReduceGranule(t.gemm_dtype);
   p.row_blocks = t.row_blocks;
   p.last_block_rows = t.last_block_rows;
   p.col_blocks = t.col_blocks;
@@ -270,7 +277,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       "\"gemm_backend\": \"{}\", \"gemm_impl\": {{{}}}, "
       "\"shape\": {{\"M\": {}, \"K\": {}, \"N\": {}, \"G\": {}}}, {}, \"group_list_type\": \"{}\", "
       "{}\"base_m\": {}, \"base_n\": {}, \"reduce\": {}, \"base_k\": {}, \"k_blocks\": {}, "
-      "\"last_k\": {}, \"row_granule\": {}, "
+      "\"last_k\": {}, \"row_granule\": {}, \"reduce_granule\": {}, "
       "\"work_split\": {{\"row_blocks\": {}, \"last_block_rows\": {}, \"col_blocks\": {}, "
       "\"last_block_cols\": {}, \"k_group_blocks\": {}, \"n_group_blocks\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_grab\": {}}}, "
       "\"a_copied\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"stream_out\": {}, \"threads\": {}, \"machine_threads\": {}, "
@@ -281,7 +288,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       DTypeName(s.out_dtype), DTypeName(p.gemm_dtype), p.gemm_backend, impls, s.m, s.k, s.n, s.g,
       routing, GroupListTypeName(s.routing.group_list_type),
       forward ? fmt::format("\"weight_layout\": \"{}\", ", s.weight_nk ? "GNK" : "GKN") : "",
-      p.base_m, p.base_n, p.reduce, p.base_k, p.k_blocks, p.last_k, p.row_granule, p.row_blocks, p.last_block_rows, p.col_blocks,
+      p.base_m, p.base_n, p.reduce, p.base_k, p.k_blocks, p.last_k, p.row_granule, p.reduce_granule, p.row_blocks, p.last_block_rows, p.col_blocks,
       p.last_block_cols, p.k_group_blocks, p.n_group_blocks, p.units,
       forward ? (p.column_block_first ? "column_block_first" : "row_block_first")
               : "expert_k_group_n_group",

@@ -34,7 +34,7 @@
 // (block of base_n of N). Each tile sums its expert's rows in chunks of base_r rows, ascending
 // (the first chunk writes, the rest add), each chunk one GEMM:
 //   C[k, n] (+)= sum over the chunk's rows i of x(i)[k] * gradY[i, n]        (float32)
-// The expert's last chunk reduces over its rows padded to row_granule (zeros past them), not to
+// The expert's last chunk reduces over its rows padded to reduce_granule (zeros past them), not to
 // base_r. A is x's chunk transposed; B is gradY's chunk rows packed by the GEMM library straight
 // from gradY (b_from_kn, chunks that need no padding) or from a transposed, zero-padded copy. Then C is rounded
 // into gradWeight; an expert without rows gets zeros. A unit is a group of tiles of one expert,
@@ -65,6 +65,9 @@ inline constexpr int64_t kGroupedMatmulBaseM = 256;    // rows per tile GEMM (fo
 inline constexpr int64_t kGroupedMatmulBaseN = 256;    // output columns per tile
 inline constexpr int64_t kGroupedMatmulBaseR = 256;    // weight grad: rows reduced per GEMM call
 inline constexpr int64_t kGroupedMatmulRowGranule = 16;  // GEMM rows are padded to this
+// Weight grad, bfloat16: an expert's last chunk padded to this many rows (its reduction), not
+// 16: oneDNN 2.6 runs an AMX brgemm only on reductions of whole 32-row VNNI blocks.
+inline constexpr int64_t kGroupedMatmulBf16ReduceGranule = 32;
 // Weight grad unit: at most this many K blocks, its columns at most kGroupedMatmulGradGroupCols,
 // and its float32 C tiles at most kGroupedMatmulGradGroupElems elements (4 MiB) per thread.
 inline constexpr int64_t kGroupedMatmulGradGroupBlocks = 4;
@@ -119,6 +122,7 @@ struct GroupedMatmulPlan {
   int64_t k_blocks;
   int64_t last_k;
   int64_t row_granule;
+  int64_t reduce_granule;  // weight grad: an expert's last chunk padded to this (1: not padded)
   int64_t row_blocks;    // forward: ceil(M / base_m); weight grad: ceil(K / base_m)
   int64_t last_block_rows;
   int64_t col_blocks;    // ceil(N / base_n)
@@ -131,7 +135,7 @@ struct GroupedMatmulPlan {
   bool b_copied;         // forward: B always goes through the B tile ([G, K, N] or float16)
   // B packed by the GEMM straight from [reduce, width] rows of stride N (PrepareBFromKN): the
   // forward's [G, K, N] weights; the weight grad's gradY rows for every chunk that needs no zero
-  // padding (a chunk whose rows are not a multiple of row_granule goes through the B tile).
+  // padding (a chunk whose rows are not a multiple of reduce_granule goes through the B tile).
   bool b_from_kn;
   // Weight grad (not Add): gradWeight stored by non-temporal stores (GroupedMatmulStreamRow).
   bool stream_out;

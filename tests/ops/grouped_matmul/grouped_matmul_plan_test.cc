@@ -231,6 +231,18 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
   }
   EXPECT_TRUE(gemm.dense_steps);
   EXPECT_EQ(gemm.LdaOf(48), 48);
+  EXPECT_EQ(p.reduce_granule, 16);
+  // bfloat16: chunks padded to whole 32-row VNNI blocks (oneDNN's AMX kernels), the reduction too.
+  const auto bf16 = Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8, DType::kBF16);
+  EXPECT_EQ(MakeGroupedMatmulPlan(bf16, Machine(3)).reduce_granule, kGroupedMatmulBf16ReduceGranule);
+  const MoeTileGemmShape bf16_gemm = GroupedMatmulTileGemmShape(bf16);
+  ASSERT_EQ(bf16_gemm.steps.size(), 2u * 256 / kGroupedMatmulBf16ReduceGranule);
+  EXPECT_EQ(bf16_gemm.steps.front().reduce, kGroupedMatmulBf16ReduceGranule);
+  EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 40, 8, 8, 1, DType::kBF16),
+                                  Machine(3)).reduce, 64);  // 40 rows: one chunk of 64
+  GroupedMatmulMachine any_rows = Machine(3);
+  any_rows.gemm_row_granule = 1;  // the own kernel: nothing padded
+  EXPECT_EQ(MakeGroupedMatmulPlan(bf16, any_rows).reduce_granule, 1);
   // Rows: the K blocks, full or the last one padded (300 - 256 = 44 -> 48).
   EXPECT_EQ(gemm.row_counts, (std::vector<int64_t>{48, 256}));
   EXPECT_EQ(gemm.widths, (std::vector<int64_t>{256, 600 - 512}));
