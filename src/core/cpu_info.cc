@@ -101,8 +101,20 @@ CpuIdentity DetectCpuIdentity() {
     std::memcpy(vendor, &ebx, 4);
     std::memcpy(vendor + 4, &edx, 4);
     std::memcpy(vendor + 8, &ecx, 4);
-    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0) id = CpuIdentityFromSignature(eax);
+    const unsigned max_leaf = eax;
+    bool os_saves_state = false;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0) {
+      id = CpuIdentityFromSignature(eax);
+      os_saves_state = (ecx >> 27) & 1;  // OSXSAVE: XCR0 readable
+    }
     id.vendor = vendor;
+    if (max_leaf >= 7 && os_saves_state) {
+      __cpuid_count(7, 0, eax, ebx, ecx, edx);
+      const bool amx = ((edx >> 22) & 1) && ((edx >> 24) & 1);  // AMX-BF16, AMX-TILE
+      unsigned xcr0_lo = 0, xcr0_hi = 0;
+      __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+      id.amx_bf16 = amx && ((xcr0_lo >> 17) & 3) == 3;  // XTILECFG and XTILEDATA enabled
+    }
 #endif
     return id;
   }();

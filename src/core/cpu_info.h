@@ -26,6 +26,9 @@ struct CpuIdentity {
   std::string vendor;  // "GenuineIntel", "AuthenticAMD", ...
   int family = 0;      // display family: AMD Zen 3 and Zen 4 are 0x19, Zen 5 0x1A, Intel cores 6
   int model = 0;       // display model
+  // AMX-BF16 tile instructions, with the tile state enabled by the OS (cpuid leaf 7 and XCR0):
+  // oneDNN's bfloat16 brgemm then runs on AMX (Linux grants the process its use on request).
+  bool amx_bf16 = false;
 };
 CpuIdentity DetectCpuIdentity();
 // Family and model from cpuid leaf 1's EAX: the extended family is added only when the base

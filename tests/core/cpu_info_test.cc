@@ -59,6 +59,7 @@ TEST(DetectCpuIdentity, AgreesWithProcCpuinfo) {
   std::ifstream in("/proc/cpuinfo");
   std::string line, vendor;
   int family = -1, model = -1;
+  bool amx_bf16 = false, amx_tile = false;
   while (std::getline(in, line) && line.find_first_not_of(" \t") != std::string::npos) {
     const size_t colon = line.find(':');
     if (colon == std::string::npos || colon + 2 > line.size()) continue;
@@ -67,12 +68,19 @@ TEST(DetectCpuIdentity, AgreesWithProcCpuinfo) {
     if (key == "vendor_id") vendor = value;
     if (key == "cpu family") family = std::stoi(value);
     if (key == "model") model = std::stoi(value);
+    if (key == "flags") {
+      const std::string flags = " " + value + " ";
+      amx_bf16 = flags.find(" amx_bf16 ") != std::string::npos;
+      amx_tile = flags.find(" amx_tile ") != std::string::npos;
+    }
   }
   if (vendor.empty() || family < 0 || model < 0) GTEST_SKIP() << "no x86 /proc/cpuinfo here";
   const CpuIdentity id = DetectCpuIdentity();
   EXPECT_EQ(id.vendor, vendor);
   EXPECT_EQ(id.family, family);
   EXPECT_EQ(id.model, model);
+  // Linux lists the AMX flags only where it enabled the tile state, as DetectCpuIdentity asks.
+  EXPECT_EQ(id.amx_bf16, amx_bf16 && amx_tile);
 }
 
 }  // namespace

@@ -40,9 +40,14 @@ bool MayPackBFromKN(const GroupedMatmulShape& s) {
   return s.dtype != DType::kF16 && (s.op == GroupedMatmulOp::kWeightGrad || !s.weight_nk);
 }
 
+// Whether bfloat16 tiles run on AMX here (oneDNN's brgemm; the rules below measured there).
+bool Bf16OnAmx(DType gemm_dtype) {
+  return gemm_dtype == DType::kBF16 && DetectCpuIdentity().amx_bf16;
+}
+
 // Weight grad: the padding of an expert's last chunk on a GEMM with prepared reductions.
 int64_t ReduceGranule(DType gemm_dtype) {
-  return gemm_dtype == DType::kBF16 ? kGroupedMatmulBf16ReduceGranule : kGroupedMatmulRowGranule;
+  return Bf16OnAmx(gemm_dtype) ? kGroupedMatmulBf16ReduceGranule : kGroupedMatmulRowGranule;
 }
 
 Tiles ChooseTiles(const GroupedMatmulShape& s) {
@@ -81,16 +86,17 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   // an expert a thread runs, where k-blocks pack it once per piece. Measured on an AMX Xeon
   // (docs/benchmarks.md, session 17), percent of dense: bfloat16 S1 75 -> 89, S2 63 -> 95, S3
   // 40 -> 83; float32 S2 79 -> 81, S3 67 -> 80, but S1 90 -> 84 (1024 rows an expert: four
-  // pieces, four packs); float16 S3 38 -> 63, S1 80 -> 68. So: bfloat16 whenever K spans
-  // k-blocks, float32 GEMMs (float32 and float16) when experts average at most base_m rows (one
-  // piece). float32 on CPUs of MoeF32InPlaceKNOutrunsPackedBrgemm keeps the in-place kernel
-  // measured there. A property of the shape (and that CPU rule) whatever the weights' layout:
-  // every weight form sums in the same order.
+  // pieces, four packs); float16 S3 38 -> 63, S1 80 -> 68. So: bfloat16 on AMX whenever K
+  // spans k-blocks; elsewhere (float32 GEMMs, bfloat16 without AMX: unmeasured) when experts
+  // average at most base_m rows (one piece), where k-blocks cost no extra pass. float32 on CPUs
+  // of MoeF32InPlaceKNOutrunsPackedBrgemm keeps the in-place kernel measured there. A property
+  // of the shape (and those CPU rules) whatever the weights' layout: every weight form sums in
+  // the same order.
   const bool in_place_f32 =
       s.dtype == DType::kF32 && MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
   const bool one_piece_an_expert = s.m <= s.g * t.base_m;
   if (forward && !in_place_f32 && s.k > kGroupedMatmulStreamBaseK &&
-      (t.gemm_dtype == DType::kBF16 || one_piece_an_expert)) {
+      (Bf16OnAmx(t.gemm_dtype) || one_piece_an_expert)) {
     t.base_k = kGroupedMatmulStreamBaseK;
     t.k_blocks = CeilDiv(s.k, t.base_k);
     t.last_k = s.k - (t.k_blocks - 1) * t.base_k;
@@ -150,10 +156,19 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
 GroupedMatmulMachine GroupedMatmulMachineOf(const MoeTileGemm& gemm, const MoeTileGemmShape& shape,
                                             int32_t threads) {
   GroupedMatmulMachine machine{threads, gemm.scratchpad_bytes(), gemm.name(), {},
-                               gemm.packs_b(), gemm.prepares_b_from_kn(), gemm.row_granule()};
+                               gemm.packs_b(), gemm.prepares_b_from_kn(), gemm.row_granule(),
+                               GroupedMatmulStreamsGradWeight(DetectCpuIdentity())};
   for (int64_t width : shape.widths) machine.gemm_impls.emplace_back(width, gemm.impl(width));
   return machine;
 }
+
+// gradWeight is written once, never read here, and read by its consumer (the optimizer) only
+// after the rest of the backward pass: its lines are not worth reading for ownership. Measured
+// on an AMX Xeon (docs/benchmarks.md, session 17), percent of dense: bfloat16 S2 49 -> 58, S3
+// 32 -> 42; float32 S2 70 -> 76, S3 59 -> 65; S1 (92 MB of float32 gradWeight) +1 to +4. On Zen 4
+// (session 15, whole lines streamed only once the bytes passed the LLC, tile by tile) it measured
+// slower: bfloat16 S3 65, 66 -> 56, 61. So Intel's CPUs only.
+bool GroupedMatmulStreamsGradWeight(const CpuIdentity& cpu) { return cpu.vendor == "GenuineIntel"; }
 
 GroupedMatmulMachine DetectGroupedMatmulMachine(const GroupedMatmulShape& shape) {
   const MoeTileGemmShape gemm_shape = GroupedMatmulTileGemmShape(shape);
@@ -218,12 +233,7 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     p.units = s.g * p.KGroups() * p.NGroups();
     p.a_copied = p.b_copied = true;  // b: at least the chunks that need zero padding
     p.column_block_first = false;
-    // gradWeight is written once, never read here, and read by its consumer (the optimizer)
-    // only after the rest of the backward pass: its lines are not worth reading for ownership.
-    // Measured on an AMX Xeon (docs/benchmarks.md, session 17), percent of dense: bfloat16 S2
-    // 49 -> 58, S3 32 -> 42; float32 S2 70 -> 76, S3 59 -> 65; S1 (92 MB of float32 gradWeight)
-    // +1 to +4. Add reads gradWeightRef anyway: plain stores.
-    p.stream_out = !s.accumulate;
+    p.stream_out = machine.streams_grad_weight && !s.accumulate;
     p.c_tile_elems = p.k_group_blocks * p.n_group_blocks * p.base_m * p.base_n;
     p.a_tile_elems = s.m == 0 ? 0 : p.k_group_blocks * p.base_m * p.reduce;
     p.b_tile_elems = s.m == 0 ? 0 : p.n_group_blocks * p.base_n * p.reduce;

@@ -65,8 +65,8 @@ inline constexpr int64_t kGroupedMatmulBaseM = 256;    // rows per tile GEMM (fo
 inline constexpr int64_t kGroupedMatmulBaseN = 256;    // output columns per tile
 inline constexpr int64_t kGroupedMatmulBaseR = 256;    // weight grad: rows reduced per GEMM call
 inline constexpr int64_t kGroupedMatmulRowGranule = 16;  // GEMM rows are padded to this
-// Weight grad, bfloat16: an expert's last chunk padded to this many rows (its reduction), not
-// 16: oneDNN 2.6 runs an AMX brgemm only on reductions of whole 32-row VNNI blocks.
+// Weight grad, bfloat16 on AMX CPUs: an expert's last chunk padded to this many rows (its
+// reduction), not 16: oneDNN 2.6 runs an AMX brgemm only on reductions of whole 32-row blocks.
 inline constexpr int64_t kGroupedMatmulBf16ReduceGranule = 32;
 // Weight grad unit: at most this many K blocks, its columns at most kGroupedMatmulGradGroupCols,
 // and its float32 C tiles at most kGroupedMatmulGradGroupElems elements (4 MiB) per thread.
@@ -89,7 +89,12 @@ struct GroupedMatmulMachine {
   bool packs_b = false;          // the GEMM packs each prepared B once (Worker::PrepareB)
   bool packs_b_from_kn = false;  // ... and packs [K, N] weight rows itself (no transposed copy)
   int64_t gemm_row_granule = kGroupedMatmulRowGranule;  // GEMM rows padded to this (MoeTileGemm)
+  bool streams_grad_weight = false;  // GroupedMatmulStreamsGradWeight of this CPU
 };
+
+// CPUs whose weight gradient runs faster storing gradWeight by non-temporal stores: Intel's
+// (measured on an AMX Xeon; AMD Zen 4 measured slower).
+bool GroupedMatmulStreamsGradWeight(const CpuIdentity& cpu);
 
 struct GroupedMatmulRegion {
   uint64_t offset;  // from the 512-byte aligned start of the workspace

@@ -201,11 +201,19 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
   EXPECT_EQ(p.last_block_rows, 300 - 256);
   EXPECT_EQ(p.col_blocks, 3);
   EXPECT_EQ(p.reduce, 256);  // rows per reduction chunk
-  EXPECT_TRUE(p.stream_out);  // gradWeight by non-temporal stores; Add reads it: plain stores
+  // gradWeight by non-temporal stores on CPUs of the rule (Intel's); Add reads it: plain stores.
+  EXPECT_FALSE(p.stream_out);
+  GroupedMatmulMachine streaming = Machine(3);
+  streaming.streams_grad_weight = true;
+  EXPECT_TRUE(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8), streaming).stream_out);
   auto add = Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8);
   add.accumulate = true;
-  EXPECT_FALSE(MakeGroupedMatmulPlan(add, Machine(3)).stream_out);
-  EXPECT_FALSE(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 5000, 300, 600, 8), Machine(3)).stream_out);
+  EXPECT_FALSE(MakeGroupedMatmulPlan(add, streaming).stream_out);
+  EXPECT_FALSE(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 5000, 300, 600, 8), streaming).stream_out);
+  EXPECT_TRUE(GroupedMatmulStreamsGradWeight({"GenuineIntel", 6, 143}));
+  EXPECT_FALSE(GroupedMatmulStreamsGradWeight({"AuthenticAMD", 0x19, 0x11}));
+  EXPECT_EQ(DetectGroupedMatmulMachine(Shape(GroupedMatmulOp::kWeightGrad, 500, 30, 60, 8)).streams_grad_weight,
+            GroupedMatmulStreamsGradWeight(DetectCpuIdentity()));
   // Units: groups of tiles of one expert (here all 2 x 3 of them: 6 float32 tiles of 256 KiB).
   EXPECT_EQ(p.k_group_blocks, 2);
   EXPECT_EQ(p.n_group_blocks, 3);
@@ -232,14 +240,16 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
   EXPECT_TRUE(gemm.dense_steps);
   EXPECT_EQ(gemm.LdaOf(48), 48);
   EXPECT_EQ(p.reduce_granule, 16);
-  // bfloat16: chunks padded to whole 32-row VNNI blocks (oneDNN's AMX kernels), the reduction too.
+  // bfloat16 on AMX: chunks padded to whole 32-row blocks (oneDNN's AMX kernels), the reduction
+  // too; elsewhere to 16 as float32.
+  const int64_t bf16_granule = DetectCpuIdentity().amx_bf16 ? kGroupedMatmulBf16ReduceGranule : 16;
   const auto bf16 = Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8, DType::kBF16);
-  EXPECT_EQ(MakeGroupedMatmulPlan(bf16, Machine(3)).reduce_granule, kGroupedMatmulBf16ReduceGranule);
+  EXPECT_EQ(MakeGroupedMatmulPlan(bf16, Machine(3)).reduce_granule, bf16_granule);
   const MoeTileGemmShape bf16_gemm = GroupedMatmulTileGemmShape(bf16);
-  ASSERT_EQ(bf16_gemm.steps.size(), 2u * 256 / kGroupedMatmulBf16ReduceGranule);
-  EXPECT_EQ(bf16_gemm.steps.front().reduce, kGroupedMatmulBf16ReduceGranule);
+  ASSERT_EQ(bf16_gemm.steps.size(), static_cast<size_t>(2 * 256 / bf16_granule));
+  EXPECT_EQ(bf16_gemm.steps.front().reduce, bf16_granule);
   EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 40, 8, 8, 1, DType::kBF16),
-                                  Machine(3)).reduce, 64);  // 40 rows: one chunk of 64
+                                  Machine(3)).reduce, bf16_granule == 32 ? 64 : 48);  // 40 rows
   GroupedMatmulMachine any_rows = Machine(3);
   any_rows.gemm_row_granule = 1;  // the own kernel: nothing padded
   EXPECT_EQ(MakeGroupedMatmulPlan(bf16, any_rows).reduce_granule, 1);
@@ -248,8 +258,8 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
   EXPECT_EQ(gemm.widths, (std::vector<int64_t>{256, 600 - 512}));
 }
 
-// Forward k-blocks (streamed weights): bfloat16 whenever K spans more than one k-block, float32
-// GEMMs when experts average at most base_m rows; k-blocks of kGroupedMatmulStreamBaseK, units of
+// Forward k-blocks (streamed weights): bfloat16 on AMX whenever K spans more than one k-block,
+// otherwise when experts average at most base_m rows; k-blocks of kGroupedMatmulStreamBaseK, units of
 // up to kGroupedMatmulStreamGroupCols columns, narrowed until each thread has
 // kGroupedMatmulStreamUnitsPerThread units.
 TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
@@ -298,10 +308,10 @@ TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
   EXPECT_EQ(pt.last_k, 1000 - 3 * bk);
   EXPECT_EQ(GroupedMatmulTileGemmShape(tail).steps,
             (std::vector<MoeTileGemmShape::Step>{{bk, false}, {bk, true}, {1000 - 3 * bk, true}}));
-  // S1: 1024 rows an expert. bfloat16 streams, float32 keeps the whole K (B packed once for an
-  // expert's four pieces); K within one k-block: never.
+  // S1: 1024 rows an expert. bfloat16 on AMX streams, float32 keeps the whole K (B packed once
+  // for an expert's four pieces); K within one k-block: never.
   EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 8192, 2048, 1408, 8, DType::kBF16),
-                                  Machine(2)).k_blocks, 2048 / bk);
+                                  Machine(2)).k_blocks, DetectCpuIdentity().amx_bf16 ? 2048 / bk : 1);
   for (DType dtype : {DType::kF32, DType::kF16}) {
     EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 8192, 2048, 1408, 8, dtype),
                                     Machine(2)).k_blocks, 1);
