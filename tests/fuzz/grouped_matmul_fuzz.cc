@@ -348,7 +348,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool weight_view = ((shape_bits >> 3) & 3) == 3;  // the forward's transposed-view form
   const bool out_in_dtype = (shape_bits >> 5) & 1;
   call.accumulate = call.weight_grad && ((shape_bits >> 6) & 1);
-  const int64_t g = in.Range(1, 4), k = in.Range(1, 6), n = in.Range(1, 6);
+  const int64_t g = in.Range(1, 4), n = in.Range(1, 6);
+  // Sometimes K past one forward k-block (kGroupedMatmulStreamBaseK = 256): the streamed path.
+  const int64_t k = in.U8() < 24 ? in.Range(257, 520) : in.Range(1, 6);
   const int64_t batch = in.Range(1, 5);
   call.top_k = in.Range(1, 3);
   const int64_t slots = batch * call.top_k;
