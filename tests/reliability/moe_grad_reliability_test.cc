@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "tests/fuzz/c_caller.h"
@@ -281,6 +282,39 @@ TEST(MoeGradHostile, GroupListTypeOutsideTheEnum) {
     MoeProblem p;
     p.group_list_type = type;
     EXPECT_TRUE(p.Refuses()) << type;
+  }
+}
+
+// Regression (fuzz corpus crash-081bef37, UBSan's enum check in the fuzz preset): the weight
+// gradient's two phase-1 entry points passed their enum arguments on to a shared helper as the
+// enum types, a load of a value outside the enum. They now take the bits (EnumBits) at the C
+// boundary, as every other entry point does. Any int refused with a message, no executor.
+TEST(GroupedMatmulHostile, WeightGradEnumsOutsideTheirRange) {
+  const int64_t m = 4, k = 3, n = 2, g = 2;
+  std::vector<float> x(m * k, 1.0f), dy(m * n, 1.0f), dw(g * k * n, 7.0f);
+  std::vector<int64_t> groups = {2, 2}, idx = {0, 1, 2, 3};
+  const Tensor x_t = MakeTensor({m, k}, DType::kF32, x.data());
+  const Tensor dy_t = MakeTensor({m, n}, DType::kF32, dy.data());
+  const Tensor groups_t = MakeTensor({g}, DType::kI64, groups.data());
+  const Tensor idx_t = MakeTensor({m}, DType::kI64, idx.data());
+  const Tensor dw_t = MakeTensor({g, k, n}, DType::kF32, dw.data());
+  for (bool accumulate : {false, true}) {
+    for (int32_t bad : {2, -1, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min()}) {
+      for (bool bad_group_list : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << (accumulate ? "Add " : "") << (bad_group_list ? "groupListType " : "rowIdxType ") << bad);
+        gkOpExecutor* executor = nullptr;
+        uint64_t size = 0;
+        const gkStatus status = gkFuzzGroupedMatmulWeightGradGetWorkspaceSize(
+            x_t.get(), dy_t.get(), groups_t.get(), bad_group_list ? bad : GK_GROUP_LIST_COUNT,
+            idx_t.get(), bad_group_list ? GK_ROW_IDX_GATHER : bad, /*topK=*/1, dw_t.get(), accumulate,
+            &size, &executor);
+        EXPECT_NE(status, GK_SUCCESS);
+        EXPECT_EQ(executor, nullptr);
+        EXPECT_NE(std::string(gkGetRecentErrMsg()).find(bad_group_list ? "groupListType" : "rowIdxType"),
+                  std::string::npos) << gkGetRecentErrMsg();
+        EXPECT_EQ(dw, std::vector<float>(g * k * n, 7.0f));
+      }
+    }
   }
 }
 

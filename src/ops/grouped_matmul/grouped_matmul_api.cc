@@ -429,18 +429,21 @@ gkStatus PlanGroupedMatmul(std::string_view api, const GroupedMatmulArgs& args,
 }
 
 // Phase 1 of GroupedMatmulWeightGrad (accumulate false) and GroupedMatmulWeightGradAdd.
+// The enum arguments arrive as their bits (EnumBits at the C boundary): a C caller may pass any
+// int, and passing such a value on as the enum type would load it (undefined in C++; UBSan's
+// enum check stopped the fuzzer there).
 gkStatus PlanWeightGradCall(std::string_view api, bool accumulate, const gkTensor* x,
                             const gkTensor* grad_y, const gkTensor* group_list,
-                            gkGroupListType group_list_type, const gkTensor* expanded_row_idx,
-                            gkRowIdxType row_idx_type, int64_t top_k, gkTensor* grad_weight,
+                            int32_t group_list_type, const gkTensor* expanded_row_idx,
+                            int32_t row_idx_type, int64_t top_k, gkTensor* grad_weight,
                             uint64_t* workspace_size, gkOpExecutor** executor) {
   return GuardCApi(api, [&] {
     if (executor != nullptr) *executor = nullptr;
     GK_RETURN_IF_ERROR(CheckNotNull(api, workspace_size, "workspaceSize"));
     GK_RETURN_IF_ERROR(CheckNotNull(api, executor, "executor"));
     const GroupedMatmulArgs args{GroupedMatmulOp::kWeightGrad, x, nullptr, grad_y, group_list,
-                                 EnumBits(group_list_type), false, expanded_row_idx,
-                                 EnumBits(row_idx_type), top_k, grad_weight, accumulate};
+                                 group_list_type, false, expanded_row_idx,
+                                 row_idx_type, top_k, grad_weight, accumulate};
     return PlanGroupedMatmul<GroupedMatmulWeightGradExecutor>(api, args, workspace_size,
                                                               executor);
   });
@@ -480,8 +483,8 @@ extern "C" gkStatus gkGroupedMatmulWeightGradGetWorkspaceSize(
     gkGroupListType groupListType, const gkTensor* expandedRowIdx, gkRowIdxType rowIdxType,
     int64_t topK, gkTensor* gradWeight, uint64_t* workspaceSize, gkOpExecutor** executor) {
   return gk::PlanWeightGradCall(gk::kWeightGrad1, /*accumulate=*/false, x, gradY, groupList,
-                                groupListType, expandedRowIdx, rowIdxType, topK, gradWeight,
-                                workspaceSize, executor);
+                                gk::EnumBits(groupListType), expandedRowIdx,
+                                gk::EnumBits(rowIdxType), topK, gradWeight, workspaceSize, executor);
 }
 
 extern "C" gkStatus gkGroupedMatmulWeightGradAddGetWorkspaceSize(
@@ -489,8 +492,8 @@ extern "C" gkStatus gkGroupedMatmulWeightGradAddGetWorkspaceSize(
     gkGroupListType groupListType, const gkTensor* expandedRowIdx, gkRowIdxType rowIdxType,
     int64_t topK, gkTensor* gradWeightRef, uint64_t* workspaceSize, gkOpExecutor** executor) {
   return gk::PlanWeightGradCall(gk::kWeightGradAdd1, /*accumulate=*/true, x, gradY, groupList,
-                                groupListType, expandedRowIdx, rowIdxType, topK, gradWeightRef,
-                                workspaceSize, executor);
+                                gk::EnumBits(groupListType), expandedRowIdx,
+                                gk::EnumBits(rowIdxType), topK, gradWeightRef, workspaceSize, executor);
 }
 
 extern "C" gkStatus gkGroupedMatmulWeightGrad(void* workspace, uint64_t workspaceSize,
