@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/c_api_guard.h"
@@ -116,6 +117,11 @@ class GroupedMatmulExecutorBase : public gkOpExecutor {
   int64_t BlockCols(int64_t block) const {
     return block == plan_.col_blocks - 1 ? plan_.last_block_cols : plan_.base_n;
   }
+  // The column blocks [first, end) of a unit's column group n_group (both ops).
+  std::pair<int64_t, int64_t> ColumnGroup(int64_t n_group) const {
+    const int64_t first = n_group * plan_.n_group_blocks;
+    return {first, std::min(plan_.col_blocks, first + plan_.n_group_blocks)};
+  }
   int64_t PaddedRows(int64_t rows) const {
     return (rows + plan_.row_granule - 1) / plan_.row_granule * plan_.row_granule;
   }
@@ -199,8 +205,7 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
     const int64_t out_elem = ElementBytes(s.out_dtype);
     const int64_t r0 = row_block * p.base_m;
     const int64_t r1 = std::min(s.m, r0 + p.base_m);
-    const int64_t nb0 = n_group * p.n_group_blocks;
-    const int64_t nb1 = std::min(p.col_blocks, nb0 + p.n_group_blocks);
+    const int64_t nb0 = ColumnGroup(n_group).first, nb1 = ColumnGroup(n_group).second;
     const int64_t tile_elems = p.base_m * p.base_n;
     ForEachPiece(r0, r1, tables.group_offsets, [&](int64_t g, int64_t s0, int64_t s1) {
       const int64_t rows = PaddedRows(s1 - s0);
@@ -331,8 +336,7 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
     const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
     const int64_t kb_begin = k_group * p.k_group_blocks;
     const int64_t kb_end = std::min(p.row_blocks, kb_begin + p.k_group_blocks);
-    const int64_t nb_begin = n_group * p.n_group_blocks;
-    const int64_t nb_end = std::min(p.col_blocks, nb_begin + p.n_group_blocks);
+    const int64_t nb_begin = ColumnGroup(n_group).first, nb_end = ColumnGroup(n_group).second;
     const int64_t k0 = kb_begin * p.base_m, k1 = std::min(s.k, kb_end * p.base_m);
     const int64_t n0 = nb_begin * p.base_n, n1 = std::min(s.n, nb_end * p.base_n);
     const int64_t tile_elems = p.base_m * p.base_n;

@@ -84,9 +84,10 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   // column blocks. Over the whole K, a packed block overflows L2 (S3: 3.7 MiB bfloat16) and the
   // GEMM reads it from L3 again for every few rows; but it is packed once for all the pieces of
   // an expert a thread runs, where k-blocks pack it once per piece. Measured on an AMX Xeon
-  // (docs/benchmarks.md, session 17), percent of dense: bfloat16 S1 75 -> 89, S2 63 -> 95, S3
-  // 40 -> 83; float32 S2 79 -> 81, S3 67 -> 80, but S1 90 -> 84 (1024 rows an expert: four
-  // pieces, four packs); float16 S3 38 -> 63, S1 80 -> 68. So: bfloat16 on AMX whenever K
+  // (docs/benchmarks.md, session 17), percent of dense, two rounds: bfloat16 S1 75-76 -> 86-90,
+  // S2 65-66 -> 91-98, S3 39 -> 82-84; float32 S3 66-67 -> 79, S2 unchanged; float16 S3 37-38 ->
+  // 60-62. Forced at S1 (1024 rows an expert: four pieces, four packs) float32 ran 90 -> 84 and
+  // float16 80 -> 68, one round. So: bfloat16 on AMX whenever K
   // spans k-blocks; elsewhere (float32 GEMMs, bfloat16 without AMX: unmeasured) when experts
   // average at most base_m rows (one piece), where k-blocks cost no extra pass. float32 on CPUs
   // of MoeF32InPlaceKNOutrunsPackedBrgemm keeps the in-place kernel measured there. A property
@@ -164,8 +165,9 @@ GroupedMatmulMachine GroupedMatmulMachineOf(const MoeTileGemm& gemm, const MoeTi
 
 // gradWeight is written once, never read here, and read by its consumer (the optimizer) only
 // after the rest of the backward pass: its lines are not worth reading for ownership. Measured
-// on an AMX Xeon (docs/benchmarks.md, session 17), percent of dense: bfloat16 S2 49 -> 58, S3
-// 32 -> 42; float32 S2 70 -> 76, S3 59 -> 65; S1 (92 MB of float32 gradWeight) +1 to +4. On Zen 4
+// on an AMX Xeon (docs/benchmarks.md, session 17), percent of dense, two rounds: bfloat16 S2
+// 50-51 -> 59-62, S3 31 -> 41-42; float32 S2 73-74 -> 77-78, S3 60-61 -> 66; S1 (92 MB of
+// float32 gradWeight) 0 to +2. On Zen 4
 // (session 15, whole lines streamed only once the bytes passed the LLC, tile by tile) it measured
 // slower: bfloat16 S3 65, 66 -> 56, 61. So Intel's CPUs only.
 bool GroupedMatmulStreamsGradWeight(const CpuIdentity& cpu) { return cpu.vendor == "GenuineIntel"; }

@@ -93,7 +93,8 @@ TEST(grouped_matmul_plan, ForwardTilesFromTheShape) {
   const auto p = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 1000, 300, 600, 8), Machine(4));
   EXPECT_EQ(p.base_m, 256);
   EXPECT_EQ(p.base_n, 256);
-  EXPECT_EQ(p.reduce, 300);  // the whole K in one call
+  EXPECT_EQ(p.reduce, 300);  // the whole K of a unit...
+  EXPECT_EQ(p.k_blocks, 2);   // ...in k-blocks of 256 and 44 (1000 rows over 8 experts: one piece each)
   EXPECT_EQ(p.row_blocks, 4);
   EXPECT_EQ(p.last_block_rows, 1000 - 3 * 256);
   EXPECT_EQ(p.col_blocks, 3);
