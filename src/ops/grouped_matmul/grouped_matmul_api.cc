@@ -395,6 +395,22 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
     // 48-50 -> 38-41% of dense, float32 S2/S3 3 points, docs/benchmarks.md, session 16.)
     char* dw = TensorBase(out_);
     const int64_t out_elem = ElementBytes(s.out_dtype);
+    if (p.stream_out) {  // never with accumulate
+      // Streamed: one run for the group's whole block of gradWeight where its rows meet end to
+      // end (the group spans N), else one a row, across the tiles (GroupedMatmulStreamTiles).
+      // Tile by tile, a gradWeight 16 bytes past a page (malloc's, the benchmark's) began and
+      // ended every piece in a partial line, written by plain stores, a read for ownership
+      // each: AMX Xeon, two rounds, S3 bfloat16 48-49 -> 54-55% of dense, float32 67 -> 72,
+      // S2 bfloat16 61-65 -> 65-71 (session 18).
+      const bool whole = n0 == 0 && n1 == s.n;
+      const GroupedMatmulTileRun run{whole ? k1 - k0 : 1, n1 - n0, p.base_m,
+                                     p.n_group_blocks * tile_elems, p.base_n, p.base_n, tile_elems};
+      for (int64_t r = 0; r < k1 - k0; r += run.rows) {
+        GroupedMatmulStreamTiles(tile(kb_begin + r / p.base_m, nb_begin) + r % p.base_m * p.base_n, run,
+                                 dw + ((g * s.k + k0 + r) * s.n + n0) * out_elem, s.out_dtype);
+      }
+      return;
+    }
     for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
       for (int64_t kk = 0; kk < k_rows(kb); ++kk) {
         for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
@@ -403,8 +419,6 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
           char* row = dw + ((g * s.k + kk0 + kk) * s.n + nn0) * out_elem;
           if (s.accumulate) {
             GroupedMatmulAddRow(sum, row, s.out_dtype, BlockCols(nb));
-          } else if (p.stream_out) {
-            GroupedMatmulStreamRow(sum, row, s.out_dtype, BlockCols(nb));
           } else {
             GroupedMatmulStoreRow(sum, row, s.out_dtype, BlockCols(nb));
           }

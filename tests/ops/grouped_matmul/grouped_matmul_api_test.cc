@@ -216,6 +216,32 @@ TEST(grouped_matmul_api, WeightGradTileGroups) {
   }
 }
 
+// gradWeight's alignment changes no byte of it (on Intel its rows are streamed out in runs
+// across a unit's tiles from the first 64-byte line on, the ends by plain stores): offsets past a
+// line of 0 to 60 bytes, with units spanning part of N (the case above: 8 + 1 column blocks) and
+// all of it (rows end to end: one run a unit), and gradWeight in the input dtype.
+TEST(grouped_matmul_api, WeightGradBytesWhateverGradWeightsAlignment) {
+  for (const GmmCase& c : {GmmCase{"groups", 60, 2, 3, 1100, 2100, 0.9}, GmmCase{"whole_n", 90, 2, 3, 600, 520}}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const GmmInputs in = MakeGmmInputs(c, dtype, GmmValues::kRandom);
+      for (bool out_f32 : {true, false}) {
+        GmmOptions o;
+        o.out_f32 = out_f32;
+        o.out_offset = 0;
+        const GmmOutput aligned = RunWeightGrad(in, o);
+        EXPECT_TRUE(MatchesRef(WeightGradRef(in), aligned, false, "weight grad", 7));
+        for (int64_t offset : {2, 4, 16, 36, 60}) {
+          if (offset % ElementBytes(aligned.dtype) != 0) continue;
+          SCOPED_TRACE(::testing::Message() << c.name << " " << DTypeName(dtype) << " out "
+                                            << DTypeName(aligned.dtype) << " offset " << offset);
+          o.out_offset = offset;
+          EXPECT_EQ(RunWeightGrad(in, o).bytes, aligned.bytes);
+        }
+      }
+    }
+  }
+}
+
 // Every slot dropped: y is empty; every gradWeight element is +0.
 TEST(grouped_matmul_api, NoRowsAtAll) {
   GmmCase c{"no_rows", 8, 2, 3, 16, 12};

@@ -150,6 +150,60 @@ TEST_F(grouped_matmul_kernels, StreamRowWritesTheStoredBytes) {
   });
 }
 
+// A run across tiles (GroupedMatmulStreamTiles: the weight grad's unit of K blocks x column
+// blocks) writes, in order, the stored bytes of the values its layout names, whatever dst's
+// alignment: rows across blocks of rows_per_block (the last block short), pieces of piece_cols
+// with a narrower last one, runs of one row; pieces narrower than a pair of vectors and wider.
+// Nothing outside the run is written.
+TEST_F(grouped_matmul_kernels, StreamTilesWritesTheRunInOrder) {
+  Run([] {
+    std::mt19937 generator(7);
+    std::uniform_real_distribution<float> real(-1e4f, 1e4f);
+    struct Case {
+      int64_t rows, rows_per_block, piece_cols, pieces, last_cols;
+    };
+    for (const Case c : {Case{37, 16, 24, 3, 10}, Case{1, 16, 256, 8, 256}, Case{5, 2, 48, 2, 48},
+                         Case{9, 4, 7, 4, 3}, Case{3, 3, 40, 1, 33}}) {
+      const int64_t row_cols = (c.pieces - 1) * c.piece_cols + c.last_cols;
+      const int64_t tile_elems = c.rows_per_block * c.piece_cols;  // one [rows_per_block, piece_cols] tile
+      const int64_t blocks = (c.rows + c.rows_per_block - 1) / c.rows_per_block;
+      std::vector<float> tiles(static_cast<size_t>(blocks * c.pieces * tile_elems));
+      for (float& v : tiles) v = real(generator);
+      const GroupedMatmulTileRun run{c.rows, row_cols, c.rows_per_block, c.pieces * tile_elems,
+                                     c.piece_cols, c.piece_cols, tile_elems};
+      for (DType dtype : kDTypes) {
+        const int64_t elem = ElementBytes(dtype);
+        // The run's values in order, stored one by one.
+        const size_t bytes = static_cast<size_t>(c.rows * row_cols * elem);
+        std::vector<uint8_t> want(bytes);
+        for (int64_t r = 0; r < c.rows; ++r) {
+          for (int64_t col = 0; col < row_cols; ++col) {
+            const float v = tiles[static_cast<size_t>((r / c.rows_per_block * c.pieces + col / c.piece_cols) *
+                                                          tile_elems +
+                                                      r % c.rows_per_block * c.piece_cols + col % c.piece_cols)];
+            StoreFromF32(want.data(), r * row_cols + col, dtype, v);
+          }
+        }
+        for (int64_t offset = 0; offset < 64; offset += elem) {
+          std::vector<uint8_t> storage(bytes + 256, 0xA5);
+          const auto base = reinterpret_cast<uintptr_t>(storage.data());
+          const size_t start = (64 - base % 64) % 64 + static_cast<size_t>(offset);
+          GroupedMatmulStreamTiles(tiles.data(), run, storage.data() + start, dtype);
+          FlushStreamingStores();
+          SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " offset " << offset << " rows "
+                                            << c.rows << " pieces " << c.pieces << " x " << c.piece_cols);
+          ASSERT_EQ(std::memcmp(storage.data() + start, want.data(), bytes), 0);
+          for (size_t i = 0; i < storage.size(); ++i) {
+            if (i < start || i >= start + bytes) {
+              ASSERT_EQ(storage[i], 0xA5) << "byte " << i;
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 // MoePackB (B packed once into oneDNN's blocked layout) against the layout's formula, element by
 // element, padding included: both dtypes' words (float32, bfloat16 pairs), B given as columns'
 // rows or as its transpose's rows, blocks visited k first (BA) and n first (AB), and sizes that

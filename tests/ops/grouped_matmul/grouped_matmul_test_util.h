@@ -93,6 +93,9 @@ struct GmmOptions {
   bool out_f32 = true;  // else x's dtype
   WeightForm weight_form = WeightForm::kGkn;
   int32_t threads = 0;  // 0: the configured default
+  // Weight grad: gradWeight placed this many bytes past a 64-byte boundary (a multiple of its
+  // element size); -1: where its vector puts it.
+  int64_t out_offset = -1;
 };
 
 // [G, A, B] -> [G, B, A] of elem-byte elements.
@@ -206,7 +209,16 @@ inline GmmOutput RunWeightGrad(const GmmInputs& in, const GmmOptions& o = {},
   TensorGuard x_t(XDims(in, o), in.dtype, XData(in, o));
   TensorGuard gy_t({in.m(), c.n}, in.dtype, in.gy.data());
   const RoutingArgs routing(in, o);
-  TensorGuard dw_t({c.g, c.k, c.n}, dw.dtype, dw.bytes.data());
+  // With out_offset: gradWeight inside a larger buffer of 0xA5 guard bytes, copied out after.
+  std::vector<uint8_t> placed;
+  uint8_t* out = dw.bytes.data();
+  if (o.out_offset >= 0) {
+    placed.assign(dw.bytes.size() + 256, 0xA5);
+    const auto base = reinterpret_cast<uintptr_t>(placed.data());
+    out = placed.data() + (64 - base % 64) % 64 + o.out_offset;
+    std::memcpy(out, dw.bytes.data(), dw.bytes.size());
+  }
+  TensorGuard dw_t({c.g, c.k, c.n}, dw.dtype, out);
   EXPECT_EQ(gkSetNumThreads(o.threads), GK_SUCCESS);
   uint64_t workspace_size = 0;
   gkOpExecutor* executor = nullptr;
@@ -225,6 +237,15 @@ inline GmmOutput RunWeightGrad(const GmmInputs& in, const GmmOptions& o = {},
   }
   gkDestroyExecutor(executor);
   gkSetNumThreads(0);
+  if (o.out_offset >= 0) {
+    std::memcpy(dw.bytes.data(), out, dw.bytes.size());
+    for (const uint8_t* b = placed.data(); b < placed.data() + placed.size(); ++b) {
+      if (b < out || b >= out + dw.bytes.size()) {
+        EXPECT_EQ(*b, 0xA5) << "a byte outside gradWeight was written, " << (b - out) << " from it";
+        break;
+      }
+    }
+  }
   return dw;
 }
 

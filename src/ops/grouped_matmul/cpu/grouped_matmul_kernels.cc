@@ -6,6 +6,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cstring>
 
 #include "core/cpu/convert-inl.h"
@@ -46,12 +47,32 @@ HWY_NOINLINE void StoreRowAs(const float* src, void* dst, DType dtype, int64_t n
 }
 
 // StoreRowAs with non-temporal stores from dst's first cache line on, in whole vectors (the
-// head before it and the tail after the last pair of vectors by plain stores), where the target
-// has them; elsewhere StoreRowAs.
+// head before it and the tail after the last whole line by plain stores), where the target has
+// them; elsewhere StoreRowAs. The run.rows * run.row_cols values go to dst one after another,
+// from where GroupedMatmulTileRun says (a row; or a weight-grad unit's rows across its C
+// tiles, see grouped_matmul_kernels.h).
 template <class Storage>
-void StreamRow(const float* src, void* dst_bytes, int64_t n, DType dtype) {
+void StreamRun(const float* src, const GroupedMatmulTileRun& run, void* dst_bytes, DType dtype) {
   using Lane = typename Storage::Lane;
   auto* dst = static_cast<Lane*>(dst_bytes);
+  const int64_t n = run.rows * run.row_cols;
+  const auto at = [&](int64_t c) {
+    const int64_t r = c / run.row_cols, col = c % run.row_cols;
+    return src + r / run.rows_per_block * run.block_stride + r % run.rows_per_block * run.row_stride +
+           col / run.piece_cols * run.piece_stride + col % run.piece_cols;
+  };
+  // Values from c on that are consecutive in src.
+  const auto contiguous = [&](int64_t c) {
+    const int64_t col = c % run.row_cols;
+    return std::min(run.piece_cols - col % run.piece_cols, run.row_cols - col);
+  };
+  const auto plain = [&](int64_t c0, int64_t c1) {  // [c0, c1) by plain stores
+    while (c0 < c1) {
+      const int64_t c = std::min(c1, c0 + contiguous(c0));
+      StoreRow<Storage, false>(at(c0), dst + c0, c - c0, dtype);
+      c0 = c;
+    }
+  };
   int64_t j = 0;
   if constexpr (kHasStreamingStores) {
     const hn::ScalableTag<float> df;
@@ -60,22 +81,41 @@ void StreamRow(const float* src, void* dst_bytes, int64_t n, DType dtype) {
     if (misaligned % sizeof(Lane) == 0) {
       const int64_t head = static_cast<int64_t>((kStreamLineBytes - misaligned) % kStreamLineBytes / sizeof(Lane));
       if (head + 2 * lanes <= n) {
-        StoreRow<Storage, false>(src, dst, head, dtype);
+        plain(0, head);
+        HWY_ALIGN float staged[2 * hn::MaxLanes(df)];
         for (j = head; j + 2 * lanes <= n; j += 2 * lanes) {
-          StorePairFromF32<Storage, true>(df, hn::LoadU(df, src + j), hn::LoadU(df, src + j + lanes),
+          const float* from = at(j);
+          if (contiguous(j) < 2 * lanes) {  // the vectors cross into the next piece or row
+            for (int64_t i = 0; i < 2 * lanes;) {
+              const int64_t count = std::min(2 * lanes - i, contiguous(j + i));
+              std::memcpy(staged + i, at(j + i), static_cast<size_t>(count) * sizeof(float));
+              i += count;
+            }
+            from = staged;
+          }
+          StorePairFromF32<Storage, true>(df, hn::LoadU(df, from), hn::LoadU(df, from + lanes),
                                           dst + j);
+        }
+        // float32: a last whole line streamed too, where a vector is one.
+        if constexpr (std::is_same_v<Lane, float>) {
+          if (lanes * sizeof(float) == kStreamLineBytes && j + lanes <= n && contiguous(j) >= lanes) {
+            hn::Stream(hn::LoadU(df, at(j)), df, dst + j);
+            j += lanes;
+          }
         }
       }
     }
   }
-  StoreRow<Storage, false>(src + j, dst + j, n - j, dtype);
+  plain(j, n);
 }
 
-HWY_NOINLINE void StreamRowAs(const float* src, void* dst, DType dtype, int64_t n) {
+HWY_NOINLINE void StreamRunAs(const float* src, const GroupedMatmulTileRun& run, void* dst,
+                              DType dtype) {
+  if (run.rows <= 0 || run.row_cols <= 0) return;
   switch (dtype) {
-    case DType::kF16: StreamRow<F16Storage>(src, dst, n, dtype); break;
-    case DType::kBF16: StreamRow<Bf16Storage>(src, dst, n, dtype); break;
-    default: StreamRow<F32Storage>(src, dst, n, dtype); break;
+    case DType::kF16: StreamRun<F16Storage>(src, run, dst, dtype); break;
+    case DType::kBF16: StreamRun<Bf16Storage>(src, run, dst, dtype); break;
+    default: StreamRun<F32Storage>(src, run, dst, dtype); break;
   }
 }
 
@@ -219,7 +259,7 @@ HWY_AFTER_NAMESPACE();
 namespace gk {
 
 HWY_EXPORT(StoreRowAs);
-HWY_EXPORT(StreamRowAs);
+HWY_EXPORT(StreamRunAs);
 HWY_EXPORT(AddRowAs);
 HWY_EXPORT(TransposeBlockF32);
 HWY_EXPORT(TransposeBlockF16);
@@ -233,7 +273,13 @@ void GroupedMatmulStoreRow(const float* src, void* dst, DType dtype, int64_t n) 
 }
 
 void GroupedMatmulStreamRow(const float* src, void* dst, DType dtype, int64_t n) {
-  HWY_DYNAMIC_DISPATCH(StreamRowAs)(src, dst, dtype, n);
+  const GroupedMatmulTileRun row{1, n, 1, 0, 0, n, 0};
+  HWY_DYNAMIC_DISPATCH(StreamRunAs)(src, row, dst, dtype);
+}
+
+void GroupedMatmulStreamTiles(const float* src, const GroupedMatmulTileRun& run, void* dst,
+                              DType dtype) {
+  HWY_DYNAMIC_DISPATCH(StreamRunAs)(src, run, dst, dtype);
 }
 
 void GroupedMatmulAddRow(const float* src, void* dst, DType dtype, int64_t n) {

@@ -19,6 +19,24 @@ void GroupedMatmulStoreRow(const float* src, void* dst, DType dtype, int64_t n);
 // thread reads them.
 void GroupedMatmulStreamRow(const float* src, void* dst, DType dtype, int64_t n);
 
+// Where the values of a streamed run come from: rows * row_cols values, value c of row r at
+//   src + (r / rows_per_block) * block_stride + (r % rows_per_block) * row_stride
+//       + (col / piece_cols) * piece_stride + col % piece_cols
+// (a weight-grad unit's C tiles: K blocks of base_m rows, each row across the unit's column
+// blocks of base_n; one row: rows = rows_per_block = 1, piece_cols = row_cols).
+struct GroupedMatmulTileRun {
+  int64_t rows, row_cols;
+  int64_t rows_per_block, block_stride, row_stride;
+  int64_t piece_cols, piece_stride;
+};
+
+// GroupedMatmulStreamRow of a whole run to dst, in order, as one stream: whatever dst's
+// alignment, only the run's first and last lines may take plain stores. (Row by row and tile by
+// tile, a gradWeight from malloc, 16 bytes past a page, began and ended every piece in a
+// partial line, each a read for ownership.)
+void GroupedMatmulStreamTiles(const float* src, const GroupedMatmulTileRun& run, void* dst,
+                              DType dtype);
+
 // dst[j] = (dst[j] as float32 + src[j]) rounded once to `dtype`, j < n: the accumulating store of
 // GroupedMatmulWeightGradAdd (one float32 addition per element; no fused multiply-add).
 void GroupedMatmulAddRow(const float* src, void* dst, DType dtype, int64_t n);
