@@ -6,8 +6,8 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <cstring>
+#include <type_traits>
 
 #include "core/cpu/convert-inl.h"
 #include "core/cpu/stream_copy.h"
