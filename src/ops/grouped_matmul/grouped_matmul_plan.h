@@ -142,7 +142,7 @@ struct GroupedMatmulPlan {
   // forward's [G, K, N] weights; the weight grad's gradY rows for every chunk that needs no zero
   // padding (a chunk whose rows are not a multiple of reduce_granule goes through the B tile).
   bool b_from_kn;
-  // Weight grad (not Add): gradWeight stored by non-temporal stores (GroupedMatmulStreamRow).
+  // Weight grad (not Add): gradWeight stored by non-temporal stores (GroupedMatmulStreamTiles).
   bool stream_out;
   int64_t c_tile_elems;  // per thread: float32 tiles of [base_m, base_n] (one, or a unit's)
   int64_t a_tile_elems;  // per thread

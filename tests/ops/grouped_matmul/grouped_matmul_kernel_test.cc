@@ -116,6 +116,23 @@ TEST_F(grouped_matmul_kernels, StoreRowRoundsOnceToNearestEven) {
   });
 }
 
+// Streams `run` to a buffer `offset` bytes past a 64-byte boundary, guard bytes around it:
+// exactly `want` lands there and no guard byte changes.
+void ExpectStreamedBytes(const float* src, const GroupedMatmulTileRun& run, DType dtype,
+                         int64_t offset, const std::vector<uint8_t>& want) {
+  std::vector<uint8_t> storage(want.size() + 256, 0xA5);
+  const auto base = reinterpret_cast<uintptr_t>(storage.data());
+  const size_t start = (64 - base % 64) % 64 + static_cast<size_t>(offset);
+  GroupedMatmulStreamTiles(src, run, storage.data() + start, dtype);
+  FlushStreamingStores();
+  ASSERT_EQ(std::memcmp(storage.data() + start, want.data(), want.size()), 0);
+  for (size_t i = 0; i < storage.size(); ++i) {
+    if (i < start || i >= start + want.size()) {
+      ASSERT_EQ(storage[i], 0xA5) << "byte " << i;
+    }
+  }
+}
+
 // The streaming store writes StoreRow's bytes whatever dst's alignment (heads of 0..63 bytes
 // before the first cache line, 16-bit ones included) and length (under one pair of vectors,
 // across several, ending inside one), and nothing outside [dst, dst + n).
@@ -129,21 +146,11 @@ TEST_F(grouped_matmul_kernels, StreamRowWritesTheStoredBytes) {
         for (int64_t n : {1, 15, 31, 32, 33, 64, 100, 257}) {
           std::vector<float> src(static_cast<size_t>(n));
           for (float& v : src) v = real(generator);
-          // The row `offset` bytes past a 64-byte boundary, guard bytes around it.
-          const size_t bytes = static_cast<size_t>(n * elem);
-          std::vector<uint8_t> want(bytes), storage(bytes + 256, 0xA5);
+          std::vector<uint8_t> want(static_cast<size_t>(n * elem));
           GroupedMatmulStoreRow(src.data(), want.data(), dtype, n);
-          const auto base = reinterpret_cast<uintptr_t>(storage.data());
-          const size_t start = (64 - base % 64) % 64 + static_cast<size_t>(offset);
-          GroupedMatmulStreamRow(src.data(), storage.data() + start, dtype, n);
-          FlushStreamingStores();
           SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " offset " << offset << " n " << n);
-          ASSERT_EQ(std::memcmp(storage.data() + start, want.data(), bytes), 0);
-          for (size_t i = 0; i < storage.size(); ++i) {
-            if (i < start || i >= start + bytes) {
-              ASSERT_EQ(storage[i], 0xA5) << "byte " << i;
-            }
-          }
+          ExpectStreamedBytes(src.data(), GroupedMatmulTileRun{1, n, 1, 0, 0, n, 0}, dtype, offset, want);
+          if (::testing::Test::HasFatalFailure()) return;
         }
       }
     }
@@ -185,19 +192,10 @@ TEST_F(grouped_matmul_kernels, StreamTilesWritesTheRunInOrder) {
           }
         }
         for (int64_t offset = 0; offset < 64; offset += elem) {
-          std::vector<uint8_t> storage(bytes + 256, 0xA5);
-          const auto base = reinterpret_cast<uintptr_t>(storage.data());
-          const size_t start = (64 - base % 64) % 64 + static_cast<size_t>(offset);
-          GroupedMatmulStreamTiles(tiles.data(), run, storage.data() + start, dtype);
-          FlushStreamingStores();
           SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " offset " << offset << " rows "
                                             << c.rows << " pieces " << c.pieces << " x " << c.piece_cols);
-          ASSERT_EQ(std::memcmp(storage.data() + start, want.data(), bytes), 0);
-          for (size_t i = 0; i < storage.size(); ++i) {
-            if (i < start || i >= start + bytes) {
-              ASSERT_EQ(storage[i], 0xA5) << "byte " << i;
-            }
-          }
+          ExpectStreamedBytes(tiles.data(), run, dtype, offset, want);
+          if (::testing::Test::HasFatalFailure()) return;
         }
       }
     }

@@ -272,11 +272,6 @@ void GroupedMatmulStoreRow(const float* src, void* dst, DType dtype, int64_t n) 
   HWY_DYNAMIC_DISPATCH(StoreRowAs)(src, dst, dtype, n);
 }
 
-void GroupedMatmulStreamRow(const float* src, void* dst, DType dtype, int64_t n) {
-  const GroupedMatmulTileRun row{1, n, 1, 0, 0, n, 0};
-  HWY_DYNAMIC_DISPATCH(StreamRunAs)(src, row, dst, dtype);
-}
-
 void GroupedMatmulStreamTiles(const float* src, const GroupedMatmulTileRun& run, void* dst,
                               DType dtype) {
   HWY_DYNAMIC_DISPATCH(StreamRunAs)(src, run, dst, dtype);

@@ -13,27 +13,24 @@ namespace gk {
 // dst[j] = src[j] rounded once (to nearest even) to `dtype` (float32, float16, bfloat16), j < n.
 void GroupedMatmulStoreRow(const float* src, void* dst, DType dtype, int64_t n);
 
-// The same bytes, by non-temporal stores (x86, AVX2 and later) from dst's first 64-byte line on,
-// for outputs written once and read only later by others: no read-for-ownership of their lines.
-// The calling thread ends with FlushStreamingStores() (core/cpu/stream_copy.h) before another
-// thread reads them.
-void GroupedMatmulStreamRow(const float* src, void* dst, DType dtype, int64_t n);
-
 // Where the values of a streamed run come from: rows * row_cols values, value c of row r at
 //   src + (r / rows_per_block) * block_stride + (r % rows_per_block) * row_stride
 //       + (col / piece_cols) * piece_stride + col % piece_cols
 // (a weight-grad unit's C tiles: K blocks of base_m rows, each row across the unit's column
-// blocks of base_n; one row: rows = rows_per_block = 1, piece_cols = row_cols).
+// blocks of base_n; one row of n: {1, n, 1, 0, 0, n, 0}).
 struct GroupedMatmulTileRun {
   int64_t rows, row_cols;
   int64_t rows_per_block, block_stride, row_stride;
   int64_t piece_cols, piece_stride;
 };
 
-// GroupedMatmulStreamRow of a whole run to dst, in order, as one stream: whatever dst's
-// alignment, only the run's first and last lines may take plain stores. (Row by row and tile by
-// tile, a gradWeight from malloc, 16 bytes past a page, began and ended every piece in a
-// partial line, each a read for ownership.)
+// GroupedMatmulStoreRow's bytes of the run's values, in order, to dst, by non-temporal stores
+// (x86, AVX2 and later) from dst's first 64-byte line on, for outputs written once and read only
+// later by others: no read-for-ownership of their lines. One stream for the whole run: whatever
+// dst's alignment, only its first and last lines may take plain stores (tile by tile, a
+// gradWeight from malloc, 16 bytes past a page, began and ended every piece in a partial line,
+// each a read for ownership). The calling thread ends with FlushStreamingStores()
+// (core/cpu/stream_copy.h) before another thread reads them.
 void GroupedMatmulStreamTiles(const float* src, const GroupedMatmulTileRun& run, void* dst,
                               DType dtype);
 
