@@ -388,11 +388,13 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
         }
       }
     }
-    // The group's tiles rounded into gradWeight, all after the last chunk, a row of gradWeight
-    // (across the group's column blocks) at a time: one run of memory per row (tile after tile:
-    // S3 bfloat16 41-42 -> 46-48% of dense with streamed stores, session 17). (Each tile stored
-    // right after its last GEMM, while in cache, measured slower on an AMX Xeon: S2 bfloat16
-    // 48-50 -> 38-41% of dense, float32 S2/S3 3 points, docs/benchmarks.md, session 16.)
+    // The group's tiles rounded into gradWeight, all after the last chunk, in gradWeight's
+    // memory order: streamed (below) as runs across the tiles; otherwise (plain stores,
+    // WeightGradAdd) a row of gradWeight across the group's column blocks at a time (with
+    // streamed stores, row by row had beaten tile after tile: S3 bfloat16 41-42 -> 46-48% of
+    // dense, session 17). (Each tile stored right after its last GEMM, while in cache, measured
+    // slower on an AMX Xeon: S2 bfloat16 48-50 -> 38-41% of dense, float32 S2/S3 3 points,
+    // docs/benchmarks.md, session 16.)
     char* dw = TensorBase(out_);
     const int64_t out_elem = ElementBytes(s.out_dtype);
     if (p.stream_out) {  // never with accumulate
