@@ -1,5 +1,6 @@
 // MoeInitRoutingGroupedMatmulGrad two-phase C API: phase 1 checks (index values included) and
 // plans, phase 2 builds the routing tables in the workspace and runs the fused tiles.
+#include <array>
 #include <cstring>
 #include <new>
 
@@ -78,6 +79,7 @@ class MoeGradExecutor final : public gkOpExecutor {
     char* b_tile;  // null unless plan.b_copied
     MoeTileGemm::Worker* gemm;
     const void* b = nullptr;  // the current B as the GEMM takes it (Worker::PrepareB)
+    std::array<float*, kMoeGradBestBaseM> dx_rows{};  // a tile's rows of gradX (base_m <= this)
   };
 
   void RunThread(int32_t t, const MoeGradWorkspace& ws) const {
@@ -184,12 +186,12 @@ class MoeGradExecutor final : public gkOpExecutor {
       }
       int64_t slot = 0;
       for (int64_t r0 = g0; r0 < g1; r0 += p.base_m, ++slot) {
-        const float* tile = slots.ring + slot * p.base_m * p.base_n;
         const int64_t rows = std::min(p.base_m, g1 - r0);
         for (int64_t r = 0; r < rows; ++r) {
-          const int64_t token = ws.row_token[RowAt(ws, r0 + r)];
-          MoeAddRowF32(dx + token * s.k + col0, tile + r * p.base_n, cols);
+          slots.dx_rows[r] = dx + ws.row_token[RowAt(ws, r0 + r)] * s.k + col0;
         }
+        MoeAddRowsF32(slots.dx_rows.data(), slots.ring + slot * p.base_m * p.base_n, p.base_n, rows,
+                      cols);
       }
     }
   }

@@ -43,6 +43,35 @@ class ForEachIsa : public ::testing::Test {
 
 using grouped_matmul_kernels = ForEachIsa;
 
+// The fused op's scatter of a tile into gradX (MoeAddRowsF32): each row added, in row order, to
+// its gradX row, one float32 addition per element, on every target: rows around the prefetch
+// distance, widths inside one vector and past it, two rows into one gradX row (a token twice on
+// one expert), gradX's other rows and the elements past n untouched.
+TEST_F(grouped_matmul_kernels, AddRowsAddsEachRowInOrder) {
+  Run([] {
+    std::mt19937 generator(11);
+    std::uniform_real_distribution<float> real(-4.0f, 4.0f);
+    constexpr int64_t kTokens = 9, kLd = 80, kLdSrc = 72;
+    for (int64_t rows : {1, 3, 4, 5, 9, 13}) {
+      for (int64_t n : {1, 15, 16, 17, 64, 70}) {
+        std::vector<float> dx(static_cast<size_t>(kTokens * kLd)), src(static_cast<size_t>(rows * kLdSrc));
+        for (float& v : dx) v = real(generator);
+        for (float& v : src) v = real(generator);
+        std::vector<float*> dst(static_cast<size_t>(rows));
+        std::vector<float> want = dx;
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t token = ((r == 3 ? 2 : r) * 5 + 3) % kTokens;  // rows 2 and 3: one token
+          dst[r] = dx.data() + token * kLd;
+          for (int64_t j = 0; j < n; ++j) want[token * kLd + j] += src[r * kLdSrc + j];
+        }
+        MoeAddRowsF32(dst.data(), src.data(), kLdSrc, rows, n);
+        ASSERT_EQ(std::memcmp(dx.data(), want.data(), dx.size() * sizeof(float)), 0)
+            << "rows " << rows << " n " << n;
+      }
+    }
+  });
+}
+
 TEST_F(grouped_matmul_kernels, TransposeBlockMatchesTheFusedOpsCopy) {
   Run([] {
     for (DType dtype : kDTypes) {

@@ -40,6 +40,32 @@ HWY_NOINLINE void AddRowF32(float* dst, const float* src, int64_t n) {
   for (; j < n; ++j) dst[j] += src[j];
 }
 
+// Rows of a tile added into rows of gradX: dst[r][j] += src[r * ld_src + j], r < rows, j < n,
+// AddRowF32's sums. gradX's rows are tokens K floats apart (S3: 28 KiB, the same offset in every
+// 4 KiB page, so a unit's rows crowd a few L1 and L2 sets and come from L3): the rows
+// kScatterAheadRows on are asked for while the current one is added.
+constexpr int64_t kScatterAheadRows = 4;
+HWY_NOINLINE void AddRowsF32(float* const* dst, const float* src, int64_t ld_src, int64_t rows,
+                             int64_t n) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r + kScatterAheadRows < rows) {
+      const auto* ahead = reinterpret_cast<const char*>(dst[r + kScatterAheadRows]);
+      for (int64_t at = 0; at < n * static_cast<int64_t>(sizeof(float)); at += 64) {
+        __builtin_prefetch(ahead + at, 1, 3);
+      }
+    }
+    float* d = dst[r];
+    const float* from = src + r * ld_src;
+    int64_t j = 0;
+    for (; j + lanes <= n; j += lanes) {
+      hn::StoreU(hn::Add(hn::LoadU(df, d + j), hn::LoadU(df, from + j)), df, d + j);
+    }
+    for (; j < n; ++j) d[j] += from[j];
+  }
+}
+
 // One column panel (n_block columns) of a blocked B (see MoeBlockedB), the part inside B: for
 // word w < words and n < cols, the word of `pair` elements from reduction index w * pair of
 // column n goes to dst[(w / block_words) * k_stride + (w % block_words) * n_block + n] (in
@@ -142,6 +168,7 @@ namespace gk {
 
 HWY_EXPORT(ConvertF16ToF32);
 HWY_EXPORT(AddRowF32);
+HWY_EXPORT(AddRowsF32);
 HWY_EXPORT(PackBPanel);
 HWY_EXPORT(PackBRowsKN);
 
@@ -151,6 +178,10 @@ void MoeConvertF16ToF32(const uint16_t* src, float* dst, int64_t n) {
 
 void MoeAddRowF32(float* dst, const float* src, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AddRowF32)(dst, src, n);
+}
+
+void MoeAddRowsF32(float* const* dst, const float* src, int64_t ld_src, int64_t rows, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(AddRowsF32)(dst, src, ld_src, rows, n);
 }
 
 namespace {

@@ -16,6 +16,10 @@ void MoeConvertF16ToF32(const uint16_t* src, float* dst, int64_t n);
 // dst[j] += src[j] for j < n, in float32, one rounding per add (the same on every target).
 void MoeAddRowF32(float* dst, const float* src, int64_t n);
 
+// MoeAddRowF32 of `rows` rows: dst[r][j] += src[r * ld_src + j] for r < rows, j < n (the same
+// sums), in one call, asking for the next rows of dst ahead (a tile's rows scattered into gradX).
+void MoeAddRowsF32(float* const* dst, const float* src, int64_t ld_src, int64_t rows, int64_t n);
+
 // A block of a weight stored [N, K] (row stride ld_src), copied transposed into the B tile's
 // layout: dst[c * ld_dst + i] = src[i * ld_src + c] for c < cols, i < reduce, float16 converted
 // to float32 (exact), float32 and bfloat16 copied. Same values as the [K, N] layout's copy.
