@@ -127,13 +127,14 @@ HWY_NOINLINE void AddRowAs(const float* src, void* dst, DType dtype, int64_t n) 
   }
 }
 
-// dst[c * ld_dst + i] = row_at(i)[c] for i < rows, c < cols: float32 (and float16, converted) in 4 x 4 blocks
-// transposed in registers, 16-bit values in 8 x 8 blocks; the edges element by element. A band of
-// 4 (8) source rows is read end to end before the next, so the hardware prefetchers follow 4 (8)
-// streams; column band outer, the blocks had walked down all the rows of a chunk (up to 256,
-// each in its own page) 16 bytes at a time: weight grad S3 on an AMX Xeon, perf, the transposes
-// against the GEMMs' time: bfloat16 0.40 -> 0.24, float32 0.25 -> 0.16 (session 19). The block
-// stores land in the destination (a tile of the workspace, L2-sized) wherever the band is.
+// dst[c * ld_dst + i] = row_at(i)[c] for i < rows, c < cols: float32 (and float16, converted)
+// in 4 x 4 blocks transposed in registers, 16-bit values in 8 x 8 blocks; the edges element by
+// element. A band of 4 (8) source rows is read end to end before the next, so the hardware
+// prefetchers follow 4 (8) streams. With a band of columns outer, the blocks had walked down all
+// the rows of a chunk (up to 256, each in a page of its own) 16 bytes at a time: weight grad S3,
+// AMX Xeon, perf samples of the transposes against the GEMMs': bfloat16 0.40 -> 0.21-0.23,
+// float32 0.23-0.25 -> 0.15-0.16 (session 19). The block stores land in the destination (a
+// workspace tile, L2-sized) wherever the band is.
 // Src: float, or uint16_t holding float16 bits (converted to float32 on the way, exactly).
 template <class Src, class RowAt>
 void TransposeF32(RowAt row_at, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {

@@ -163,7 +163,7 @@ class GemmSequentialScope {
   GemmSequentialScope& operator=(const GemmSequentialScope&) = delete;
 
  private:
-  int saved_threads_;
+  [[maybe_unused]] int saved_threads_;  // read only where oneDNN runs on OpenMP (GK_DNNL_OMP)
 };
 
 // A whole GEMM C[m, width] = A[m, reduce] * B[width, reduce]^T with `threads` threads through the
