@@ -69,8 +69,9 @@ bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu);
 // weight rows in place (gemm:jit, which packs them inside its loops, as it computes) than on
 // brgemm after a separate pass packs each block: AMD family 0x19 (Zen 4), plain / dense S2
 // 85-89 -> 88-90%, S4 94 -> 100-105, S1 and S3 within the noise, gathered / plain 89-98 ->
-// 96-102 (docs/benchmarks.md, session 15). Measured there, on oneDNN 2.6, only: other CPUs keep
-// the packed brgemm (oneDNN 3.x takes the same rule; its speed there is unmeasured).
+// 96-102 (docs/benchmarks.md, session 15). On the AMX Xeon (family 6 model 167) it lost: S3
+// 81, 81, 74 -> 72, 62, 71, S2 80, 93, 86 -> 82, 75, 82 (session 21, three rounds), so other
+// CPUs keep the packed brgemm (oneDNN 3.x takes the same rule; its speed there is unmeasured).
 bool MoeF32InPlaceKNOutrunsPackedBrgemm(const CpuIdentity& cpu);
 
 // Tile GEMM: C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda) *
