@@ -285,25 +285,33 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
         slots.b_col = col_block;
       }
       // A: x's rows in place, unless copied, or unless the piece's padded GEMM rows would run
-      // past x's end (then the piece goes through the A tile, zero padded, too).
-      const void* a = nullptr;
-      if (a_whole_block) {
-        a = slots.a_tile + (s0 - r0) * s.k * gemm_elem;
-      } else if (!p.a_copied && s0 + PaddedRows(s1 - s0) <= s.m) {
-        a = XRow(tables, s0);
-      } else {
-        for (int64_t i = s0; i < s1; ++i) copy_row(i, i - s0);
-        std::memset(slots.a_tile + (s1 - s0) * s.k * gemm_elem, 0,
-                    static_cast<size_t>((PaddedRows(s1 - s0) - (s1 - s0)) * s.k * gemm_elem));
-        a = slots.a_tile;
-      }
-      slots.gemm->Run(PaddedRows(s1 - s0), cols, s.k, /*accumulate=*/false, a, slots.b_ready,
-                      slots.c_tile);
+      // past x's end (then the piece goes through the A tile, zero padded, too). A piece copied
+      // by itself goes in stages of a_stage_rows: each stage copied, multiplied and stored
+      // before the next, so it is still in L2 for its GEMM (a GEMM's rows give the same bits
+      // whatever the call's row count).
+      const bool in_place = !a_whole_block && !p.a_copied && s0 + PaddedRows(s1 - s0) <= s.m;
+      const int64_t stage = a_whole_block || in_place ? s1 - s0 : p.a_stage_rows;
       char* y = TensorBase(out_);
       const int64_t out_elem = ElementBytes(s.out_dtype);
-      for (int64_t i = s0; i < s1; ++i) {
-        GroupedMatmulStoreRow(slots.c_tile + (i - s0) * p.base_n, y + (i * s.n + n0) * out_elem,
-                              s.out_dtype, cols);
+      for (int64_t t0 = s0; t0 < s1; t0 += stage) {
+        const int64_t t1 = std::min(s1, t0 + stage);
+        const void* a = nullptr;
+        if (a_whole_block) {
+          a = slots.a_tile + (t0 - r0) * s.k * gemm_elem;
+        } else if (in_place) {
+          a = XRow(tables, t0);
+        } else {
+          for (int64_t i = t0; i < t1; ++i) copy_row(i, i - t0);
+          std::memset(slots.a_tile + (t1 - t0) * s.k * gemm_elem, 0,
+                      static_cast<size_t>((PaddedRows(t1 - t0) - (t1 - t0)) * s.k * gemm_elem));
+          a = slots.a_tile;
+        }
+        slots.gemm->Run(PaddedRows(t1 - t0), cols, s.k, /*accumulate=*/false, a, slots.b_ready,
+                        slots.c_tile);
+        for (int64_t i = t0; i < t1; ++i) {
+          GroupedMatmulStoreRow(slots.c_tile + (i - t0) * p.base_n, y + (i * s.n + n0) * out_elem,
+                                s.out_dtype, cols);
+        }
       }
     });
   }

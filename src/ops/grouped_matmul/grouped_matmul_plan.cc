@@ -224,7 +224,13 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     // (with k-blocks: one k-block of them); copied A with units row block first: the pieces of a
     // row block, which may run up to base_m - 1 rows past it.
     const bool a_whole_block = p.a_copied && !p.column_block_first && !k_blocked;
-    p.a_tile_elems = ((a_whole_block ? 2 * p.base_m : p.base_m) + p.row_granule) * p.base_k;
+    // A piece copied by itself (column block first, or a piece whose padded rows would run past
+    // x) goes in stages of whole granules. With k-blocks a k-block of the piece is copied at once.
+    const int64_t stage_rows =
+        kGroupedMatmulAStageBytes / (s.k * ElementBytes(p.gemm_dtype)) / p.row_granule * p.row_granule;
+    p.a_stage_rows = a_whole_block || k_blocked ? p.base_m
+                                                : std::clamp(stage_rows, p.row_granule, p.base_m);
+    p.a_tile_elems = ((a_whole_block ? 2 * p.base_m : p.a_stage_rows) + p.row_granule) * p.base_k;
     // B: a block's rows of the whole K, stride K (with k-blocks, one k-block of each row).
     p.b_tile_elems = p.b_copied ? p.base_n * s.k : 0;
   } else {
@@ -234,6 +240,7 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
                                            std::min(kGroupedMatmulGradGroupBlocks, p.row_blocks));
     p.units = s.g * p.KGroups() * p.NGroups();
     p.a_copied = p.b_copied = true;  // b: at least the chunks that need zero padding
+    p.a_stage_rows = p.base_m;
     p.column_block_first = false;
     p.stream_out = machine.streams_grad_weight && !s.accumulate;
     p.c_tile_elems = p.k_group_blocks * p.n_group_blocks * p.base_m * p.base_n;
@@ -292,7 +299,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       "\"last_k\": {}, \"row_granule\": {}, \"reduce_granule\": {}, "
       "\"work_split\": {{\"row_blocks\": {}, \"last_block_rows\": {}, \"col_blocks\": {}, "
       "\"last_block_cols\": {}, \"k_group_blocks\": {}, \"n_group_blocks\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_grab\": {}}}, "
-      "\"a_copied\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"stream_out\": {}, \"threads\": {}, \"machine_threads\": {}, "
+      "\"a_copied\": {}, \"a_stage_rows\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"stream_out\": {}, \"threads\": {}, \"machine_threads\": {}, "
       "\"thread_bytes\": {}, \"workspace\": {{\"alignment\": {}, \"c_tiles\": {}, \"a_tiles\": {}, "
       "\"b_tiles\": {}, \"system\": {}, \"group_offsets\": {}, \"row_token\": {}, \"end\": {}}}, "
       "\"workspace_bytes\": {}}}",
@@ -304,7 +311,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       p.last_block_cols, p.k_group_blocks, p.n_group_blocks, p.units,
       forward ? (p.column_block_first ? "column_block_first" : "row_block_first")
               : "expert_k_group_n_group",
-      p.units_per_grab, p.a_copied, p.b_copied, p.b_from_kn, p.stream_out, p.threads, p.machine_threads, p.thread_bytes,
+      p.units_per_grab, p.a_copied, p.a_stage_rows, p.b_copied, p.b_from_kn, p.stream_out, p.threads, p.machine_threads, p.thread_bytes,
       kGroupedMatmulAlignment, region(l.c_tiles), region(l.a_tiles), region(l.b_tiles),
       region(l.system), region(l.group_offsets), region(l.row_token), l.end, p.workspace_bytes);
 }

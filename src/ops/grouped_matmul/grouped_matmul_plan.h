@@ -80,6 +80,10 @@ inline constexpr uint64_t kGroupedMatmulAlignment = 512;  // every workspace reg
 inline constexpr int64_t kGroupedMatmulStreamBaseK = 256;
 inline constexpr int64_t kGroupedMatmulStreamGroupCols = 2048;
 inline constexpr int64_t kGroupedMatmulStreamUnitsPerThread = 4;
+// Forward, A through the A tile one piece at a time (gather-fused or float16 x, units column
+// block first): a piece is copied and multiplied in stages of at most this many bytes of A
+// (whole granules of rows, at least one), so that a stage stays in L2 beside the packed B block.
+inline constexpr int64_t kGroupedMatmulAStageBytes = int64_t{512} << 10;
 
 struct GroupedMatmulMachine {
   int32_t threads;
@@ -137,6 +141,9 @@ struct GroupedMatmulPlan {
   int64_t units;         // forward: row_blocks * n groups; weight grad: G * k groups * n groups
   bool column_block_first;  // forward: units ordered (column block, row block): B copied or packed
   bool a_copied;         // forward: A always goes through the A tile (gather-fused or float16)
+  // Forward: rows of a piece copied and multiplied at a time where the piece goes through the A
+  // tile by itself (kGroupedMatmulAStageBytes); base_m otherwise, and for the weight grad.
+  int64_t a_stage_rows;
   bool b_copied;         // forward: B always goes through the B tile ([G, K, N] or float16)
   // B packed by the GEMM straight from [reduce, width] rows of stride N (PrepareBFromKN): the
   // forward's [G, K, N] weights; the weight grad's gradY rows for every chunk that needs no zero

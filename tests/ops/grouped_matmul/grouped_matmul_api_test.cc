@@ -39,6 +39,10 @@ const GmmCase kCases[] = {
     // base_m rows): 600 = 256 + 256 + 88, two row blocks, a unit of two column blocks (the last
     // 44 wide).
     {"k_blocks", 150, 2, 3, 600, 300, 1.0, 0.5},
+    // Copied pieces in stages (gather-fused or float16 x): float32 stages of 64 rows, so the
+    // expert's piece of 256 rows runs in four, and the last piece (44 rows, padded past x's end)
+    // in one; bfloat16 (without AMX) in stages of 128.
+    {"a_stages", 300, 1, 1, kGroupedMatmulAStageBytes / (4 * 64), 40},
 };
 
 struct Form {

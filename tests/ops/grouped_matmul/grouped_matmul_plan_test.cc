@@ -143,6 +143,40 @@ TEST(grouped_matmul_plan, UnitOrderFollowsTheCopiedOperand) {
   EXPECT_EQ(MakeGroupedMatmulPlan(s, Machine(2)).gemm_dtype, DType::kBF16);
 }
 
+// A piece that goes through the A tile by itself is copied and multiplied in stages of
+// kGroupedMatmulAStageBytes of A, whole granules of rows (at least one, at most base_m), and the
+// A tile holds one stage; a block copied whole, or with k-blocks, is not staged.
+TEST(grouped_matmul_plan, CopiedPiecesInStagesOfA) {
+  const int64_t k = kGroupedMatmulAStageBytes / (4 * 64);  // 64 float32 rows a stage
+  auto s = Shape(GroupedMatmulOp::kForward, 1000, k, 512, 2);  // 500 rows an expert: no k-blocks
+  s.gather_fused = true;
+  GroupedMatmulMachine packing = Machine(2);
+  packing.packs_b = packing.packs_b_from_kn = true;
+  auto p = MakeGroupedMatmulPlan(s, packing);
+  ASSERT_TRUE(p.a_copied && p.column_block_first);
+  EXPECT_EQ(p.k_blocks, 1);
+  EXPECT_EQ(p.a_stage_rows, 64);
+  EXPECT_EQ(p.a_tile_elems, (64 + p.row_granule) * k);
+  s.dtype = DType::kF16;  // converted to float32: the same rows
+  EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, 64);
+  s.dtype = DType::kBF16;  // half the bytes a row (without AMX: no k-blocks at this shape)
+  if (!DetectCpuIdentity().amx_bf16) EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, 128);
+  s.dtype = DType::kF32;
+  s.k = s.routing.k = 40 * k;  // a row past the stage bytes: one granule
+  EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, p.row_granule);
+  s.k = s.routing.k = 8;  // short rows: the whole piece
+  EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, p.base_m);
+  s.k = s.routing.k = k;
+  s.weight_nk = true;  // B in place: row block first, the block's rows copied once, whole
+  packing.packs_b = false;
+  p = MakeGroupedMatmulPlan(s, packing);
+  ASSERT_FALSE(p.column_block_first);
+  EXPECT_EQ(p.a_stage_rows, p.base_m);
+  EXPECT_EQ(p.a_tile_elems, (2 * p.base_m + p.row_granule) * k);
+  EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 1000, k, 512, 2), packing)
+                .a_stage_rows, 256);
+}
+
 // A GEMM that packs B itself (oneDNN 2.x): [G, K, N] weights are packed from their rows, no
 // transposed copy, and units run column block first (the packed block serves every row block a
 // thread runs in a row); float16 weights are still converted first.
@@ -352,7 +386,7 @@ TEST(grouped_matmul_plan, Json) {
   for (const char* field : {"\"op\": \"grouped_matmul\"", "\"dtype\": \"bfloat16\"",
                             "\"x\": \"tokens\"", "\"topK\": 2", "\"weight_layout\": \"GKN\"",
                             "\"order\": \"row_block_first\"", "\"k_blocks\": 2", "\"last_k\": 44",
-                            "\"units\": 12", "\"workspace_bytes\""}) {
+                            "\"units\": 12", "\"a_stage_rows\": 256", "\"workspace_bytes\""}) {
     EXPECT_NE(json.find(field), std::string::npos) << field << " missing from " << json;
   }
   EXPECT_EQ(std::count(json.begin(), json.end(), '{'), std::count(json.begin(), json.end(), '}'));
