@@ -160,7 +160,9 @@ TEST(grouped_matmul_plan, CopiedPiecesInStagesOfA) {
   s.dtype = DType::kF16;  // converted to float32: the same rows
   EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, 64);
   s.dtype = DType::kBF16;  // half the bytes a row (without AMX: no k-blocks at this shape)
-  if (!DetectCpuIdentity().amx_bf16) EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, 128);
+  if (!DetectCpuIdentity().amx_bf16) {
+    EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, 128);
+  }
   s.dtype = DType::kF32;
   s.k = s.routing.k = 40 * k;  // a row past the stage bytes: one granule
   EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, p.row_granule);
