@@ -287,8 +287,8 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
       // A: x's rows in place, unless copied, or unless the piece's padded GEMM rows would run
       // past x's end (then the piece goes through the A tile, zero padded, too). A piece copied
       // by itself goes in stages of a_stage_rows: each stage copied, multiplied and stored
-      // before the next, so it is still in L2 for its GEMM (a GEMM's rows give the same bits
-      // whatever the call's row count).
+      // before the next, so it is still in L2 for its GEMM (float32 GEMMs, whose rows give the
+      // same bits whatever the call's row count: kGroupedMatmulAStageBytes).
       const bool in_place = !a_whole_block && !p.a_copied && s0 + PaddedRows(s1 - s0) <= s.m;
       const int64_t stage = a_whole_block || in_place ? s1 - s0 : p.a_stage_rows;
       char* y = TensorBase(out_);

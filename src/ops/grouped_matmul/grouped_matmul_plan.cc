@@ -225,11 +225,13 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     // row block, which may run up to base_m - 1 rows past it.
     const bool a_whole_block = p.a_copied && !p.column_block_first && !k_blocked;
     // A piece copied by itself (column block first, or a piece whose padded rows would run past
-    // x) goes in stages of whole granules. With k-blocks a k-block of the piece is copied at once.
+    // x) goes in stages of whole granules, float32 GEMMs only (see kGroupedMatmulAStageBytes).
+    // With k-blocks a k-block of the piece is copied at once.
     const int64_t stage_rows =
         kGroupedMatmulAStageBytes / (s.k * ElementBytes(p.gemm_dtype)) / p.row_granule * p.row_granule;
-    p.a_stage_rows = a_whole_block || k_blocked ? p.base_m
-                                                : std::clamp(stage_rows, p.row_granule, p.base_m);
+    p.a_stage_rows = a_whole_block || k_blocked || p.gemm_dtype != DType::kF32
+                         ? p.base_m
+                         : std::clamp(stage_rows, p.row_granule, p.base_m);
     p.a_tile_elems = ((a_whole_block ? 2 * p.base_m : p.a_stage_rows) + p.row_granule) * p.base_k;
     // B: a block's rows of the whole K, stride K (with k-blocks, one k-block of each row).
     p.b_tile_elems = p.b_copied ? p.base_n * s.k : 0;

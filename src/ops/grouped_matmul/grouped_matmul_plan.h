@@ -83,6 +83,13 @@ inline constexpr int64_t kGroupedMatmulStreamUnitsPerThread = 4;
 // Forward, A through the A tile one piece at a time (gather-fused or float16 x, units column
 // block first): a piece is copied and multiplied in stages of at most this many bytes of A
 // (whole granules of rows, at least one), so that a stage stays in L2 beside the packed B block.
+// Float32 GEMMs only (float32 and float16 x): the plain form multiplies the same piece whole,
+// so the forms give the same bytes only where each row of C comes out the same whatever the
+// call's row count. oneDNN's float32 brgemm and gradkit's micro-kernel do (the forms' byte
+// tests compare staged and whole pieces); oneDNN 2.6's AMX bfloat16 brgemm does not always (a
+// trial that ran the fused op's rows of a whole expert in one tile instead of one tile per token
+// chunk changed the bits of a bfloat16 case with two k-blocks, session 22), so bfloat16 pieces
+// stay whole.
 inline constexpr int64_t kGroupedMatmulAStageBytes = int64_t{512} << 10;
 
 struct GroupedMatmulMachine {

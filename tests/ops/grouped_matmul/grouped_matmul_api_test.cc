@@ -41,7 +41,7 @@ const GmmCase kCases[] = {
     {"k_blocks", 150, 2, 3, 600, 300, 1.0, 0.5},
     // Copied pieces in stages (gather-fused or float16 x): float32 stages of 64 rows, so the
     // expert's piece of 256 rows runs in four, and the last piece (44 rows, padded past x's end)
-    // in one; bfloat16 (without AMX) in stages of 128.
+    // in one; bfloat16 whole (only float32 GEMMs stage).
     {"a_stages", 300, 1, 1, kGroupedMatmulAStageBytes / (4 * 64), 40},
 };
 

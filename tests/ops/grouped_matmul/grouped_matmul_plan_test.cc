@@ -145,7 +145,8 @@ TEST(grouped_matmul_plan, UnitOrderFollowsTheCopiedOperand) {
 
 // A piece that goes through the A tile by itself is copied and multiplied in stages of
 // kGroupedMatmulAStageBytes of A, whole granules of rows (at least one, at most base_m), and the
-// A tile holds one stage; a block copied whole, or with k-blocks, is not staged.
+// A tile holds one stage: float32 GEMMs only; a block copied whole, with k-blocks, or a
+// bfloat16 piece is not staged.
 TEST(grouped_matmul_plan, CopiedPiecesInStagesOfA) {
   const int64_t k = kGroupedMatmulAStageBytes / (4 * 64);  // 64 float32 rows a stage
   auto s = Shape(GroupedMatmulOp::kForward, 1000, k, 512, 2);  // 500 rows an expert: no k-blocks
@@ -159,10 +160,8 @@ TEST(grouped_matmul_plan, CopiedPiecesInStagesOfA) {
   EXPECT_EQ(p.a_tile_elems, (64 + p.row_granule) * k);
   s.dtype = DType::kF16;  // converted to float32: the same rows
   EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, 64);
-  s.dtype = DType::kBF16;  // half the bytes a row (without AMX: no k-blocks at this shape)
-  if (!DetectCpuIdentity().amx_bf16) {
-    EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, 128);
-  }
+  s.dtype = DType::kBF16;  // a bfloat16 GEMM: whole pieces
+  EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, p.base_m);
   s.dtype = DType::kF32;
   s.k = s.routing.k = 40 * k;  // a row past the stage bytes: one granule
   EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, p.row_granule);
