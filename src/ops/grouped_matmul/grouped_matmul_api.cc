@@ -266,7 +266,7 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
     // A copied with units row block first: the A tile holds the rows of the block's pieces,
     // [r0, r_end), once for all the column blocks the thread runs in a row, then zeros for the
     // padded rows the last GEMM reads. (Column block first, each unit is a new row block: the
-    // pieces are copied one at a time, into a tile of base_m rows.)
+    // pieces are copied one at a time, a stage of a_stage_rows at a time, below.)
     const bool a_whole_block = p.a_copied && !p.column_block_first;
     if (a_whole_block && slots.a_block != row_block) {
       int64_t r_end = r0;

@@ -220,9 +220,9 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     // prepared for one piece, the piece's A k-block copied once for the unit's column blocks.
     p.column_block_first = !k_blocked && (p.b_copied || machine.packs_b);
     p.c_tile_elems = p.n_group_blocks * p.base_m * p.base_n;
-    // A: one piece of an expert's rows (at most base_m) and the padding its GEMM reads past it
-    // (with k-blocks: one k-block of them); copied A with units row block first: the pieces of a
-    // row block, which may run up to base_m - 1 rows past it.
+    // A: one stage of a piece of an expert's rows (a_stage_rows, at most base_m) and the padding
+    // its GEMM reads past it (with k-blocks: one k-block of a whole piece); copied A with units
+    // row block first: the pieces of a row block, which may run up to base_m - 1 rows past it.
     const bool a_whole_block = p.a_copied && !p.column_block_first && !k_blocked;
     // A piece copied by itself (column block first, or a piece whose padded rows would run past
     // x) goes in stages of whole granules, float32 GEMMs only (see kGroupedMatmulAStageBytes).

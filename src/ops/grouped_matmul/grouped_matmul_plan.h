@@ -9,8 +9,9 @@
 // for each (ascending experts, at most one per expert) one tile GEMM over the whole K,
 //   C[rows, cols] = x(rows)[:, 0:K] * W[g][0:K, cols]                       (float32)
 // then rounds C into y. A is x's rows read in place (plain float32 / bfloat16 x) or copied into
-// the thread's A tile (gather-fused: the token rows; float16: converted): a piece at a time when
-// units run column block first, else the pieces of the row block once for its column blocks;
+// the thread's A tile (gather-fused: the token rows; float16: converted): a piece at a time, in
+// stages of a_stage_rows (float32 GEMMs), when units run column block first, else the pieces of
+// the row block once for its column blocks;
 // B is the weight block read in place ([G, N, K] storage, float32 / bfloat16) or copied into the
 // thread's B tile (float16: converted; [G, K, N] storage: transposed, unless the GEMM library
 // packs straight from [K, N] rows, as oneDNN 2.x does), then packed by the GEMM library once
@@ -80,8 +81,9 @@ inline constexpr uint64_t kGroupedMatmulAlignment = 512;  // every workspace reg
 inline constexpr int64_t kGroupedMatmulStreamBaseK = 256;
 inline constexpr int64_t kGroupedMatmulStreamGroupCols = 2048;
 inline constexpr int64_t kGroupedMatmulStreamUnitsPerThread = 4;
-// Forward, A through the A tile one piece at a time (gather-fused or float16 x, units column
-// block first): a piece is copied and multiplied in stages of at most this many bytes of A
+// Forward, A through the A tile one piece at a time (gather-fused or float16 x with units column
+// block first, and plain pieces whose padded rows would run past x's end in either order): a
+// piece is copied and multiplied in stages of at most this many bytes of A
 // (whole granules of rows, at least one), so that a stage stays in L2 beside the packed B block.
 // Float32 GEMMs only (float32 and float16 x): the plain form multiplies the same piece whole,
 // so the forms give the same bytes only where each row of C comes out the same whatever the

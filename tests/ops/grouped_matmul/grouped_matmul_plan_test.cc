@@ -176,6 +176,14 @@ TEST(grouped_matmul_plan, CopiedPiecesInStagesOfA) {
   EXPECT_EQ(p.a_tile_elems, (2 * p.base_m + p.row_granule) * k);
   EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 1000, k, 512, 2), packing)
                 .a_stage_rows, 256);
+  // float32 k-blocks (one piece an expert; not where the CPU reads float32 weights in place):
+  // a whole piece's k-block in the A tile, one stage.
+  if (!MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity())) {
+    p = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 400, k, 512, 2), packing);
+    ASSERT_GT(p.k_blocks, 1);
+    EXPECT_EQ(p.a_stage_rows, p.base_m);
+    EXPECT_EQ(p.a_tile_elems, (p.base_m + p.row_granule) * p.base_k);
+  }
 }
 
 // A GEMM that packs B itself (oneDNN 2.x): [G, K, N] weights are packed from their rows, no
