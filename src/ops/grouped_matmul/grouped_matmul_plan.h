@@ -15,9 +15,7 @@
 // B is the weight block read in place ([G, N, K] storage, float32 / bfloat16) or copied into the
 // thread's B tile (float16: converted; [G, K, N] storage: transposed, unless the GEMM library
 // packs straight from [K, N] rows, as oneDNN 2.x does), then packed by the GEMM library once
-// (Worker::PrepareB / PrepareBFromKN) for as long as the thread's units use it (float32 [G, K, N]
-// weights on CPUs of MoeF32InPlaceKNOutrunsPackedBrgemm: read in place by the library on every
-// call, MoeTileGemmShape::b_in_place_kn, nothing kept, so row block first). When B is copied
+// (Worker::PrepareB / PrepareBFromKN) for as long as the thread's units use it. When B is copied
 // or packed, units run column block first, so a thread prepares each (expert, column block) once
 // for all the row blocks it runs in a row (a gathered A is then gathered again per unit: one pass
 // over the rows of x, where B's pass serves only one expert's rows); otherwise row block first,

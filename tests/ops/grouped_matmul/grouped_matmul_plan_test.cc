@@ -54,19 +54,12 @@ TEST(grouped_matmul_plan, BPackedOnceByGradkitsPackerOnOneDnn2) {
                                         << " " << DTypeName(dtype) << " M " << m << " K " << k << " N " << n);
         const GroupedMatmulMachine machine = DetectGroupedMatmulMachine(Shape(op, m, k, n, g, dtype));
         ++cases;
-        // The float32 forward's [K, N] weight rows are read in place where that measured faster.
-        const bool in_place = op == GroupedMatmulOp::kForward && dtype == DType::kF32 &&
-                              MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
-        EXPECT_EQ(machine.packs_b, !in_place);
+        EXPECT_TRUE(machine.packs_b);
         EXPECT_TRUE(machine.packs_b_from_kn);
         ASSERT_FALSE(machine.gemm_impls.empty());
-        EXPECT_NE(machine.gemm_impls.front().second.find(
-                      in_place ? "B read in place from [K, N] rows" : "B packed once per block by gradkit"),
+        EXPECT_NE(machine.gemm_impls.front().second.find("B packed once per block by gradkit"),
                   std::string::npos)
             << machine.gemm_impls.front().second;
-        if (in_place) {  // and then units run row block first: no B is kept from one to the next
-          EXPECT_FALSE(MakeGroupedMatmulPlan(Shape(op, m, k, n, g, dtype), machine).column_block_first);
-        }
       }
     }
   }
@@ -176,14 +169,11 @@ TEST(grouped_matmul_plan, CopiedPiecesInStagesOfA) {
   EXPECT_EQ(p.a_tile_elems, (2 * p.base_m + p.row_granule) * k);
   EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 1000, k, 512, 2), packing)
                 .a_stage_rows, 256);
-  // float32 k-blocks (one piece an expert; not where the CPU reads float32 weights in place):
-  // a whole piece's k-block in the A tile, one stage.
-  if (!MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity())) {
-    p = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 400, k, 512, 2), packing);
-    ASSERT_GT(p.k_blocks, 1);
-    EXPECT_EQ(p.a_stage_rows, p.base_m);
-    EXPECT_EQ(p.a_tile_elems, (p.base_m + p.row_granule) * p.base_k);
-  }
+  // float32 k-blocks (one piece an expert): a whole piece's k-block in the A tile, one stage.
+  p = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 400, k, 512, 2), packing);
+  ASSERT_GT(p.k_blocks, 1);
+  EXPECT_EQ(p.a_stage_rows, p.base_m);
+  EXPECT_EQ(p.a_tile_elems, (p.base_m + p.row_granule) * p.base_k);
 }
 
 // A GEMM that packs B itself (oneDNN 2.x): [G, K, N] weights are packed from their rows, no
@@ -307,17 +297,12 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
 // up to kGroupedMatmulStreamGroupCols columns, narrowed until each thread has
 // kGroupedMatmulStreamUnitsPerThread units.
 TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
-  const bool in_place_f32 = MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
   const int64_t bk = kGroupedMatmulStreamBaseK;
   // S3: 8192 rows over 60 experts (~137 each), K 7168, N 2048 (8 blocks of 256).
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));
     const auto s = Shape(GroupedMatmulOp::kForward, 8192, 7168, 2048, 60, dtype);
     const auto p = MakeGroupedMatmulPlan(s, Machine(2));
-    if (dtype == DType::kF32 && in_place_f32) {
-      EXPECT_EQ(p.k_blocks, 1);
-      continue;
-    }
     EXPECT_EQ(p.base_k, bk);
     EXPECT_EQ(p.k_blocks, 7168 / bk);
     EXPECT_EQ(p.last_k, bk);
@@ -342,7 +327,6 @@ TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
     EXPECT_TRUE(gemm.dense_a_steps);
     EXPECT_FALSE(gemm.dense_steps);
     EXPECT_EQ(gemm.ldb, 7168);
-    EXPECT_FALSE(gemm.b_in_place_kn);
     EXPECT_EQ(gemm.steps, (std::vector<MoeTileGemmShape::Step>{{bk, false}, {bk, true}}));
   }
   // A last, shorter k-block: K = 1000 = 3 x 256 + 232.

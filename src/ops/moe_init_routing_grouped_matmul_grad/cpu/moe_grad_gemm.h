@@ -46,11 +46,6 @@ struct MoeTileGemmShape {
   // With prepared_b: when > 0, PrepareBFromKN is asked too, with B given as its transpose,
   // [reduce, width] rows of this stride (GroupedMatmul's [G, K, N] weights read in place).
   int64_t ldb_kn = 0;
-  // With ldb_kn > 0: float32 B read by oneDNN's kernel straight from B^T's rows on every call
-  // (PrepareBFromKN hands b_kn back, nothing is packed) on CPUs of
-  // MoeF32InPlaceKNOutrunsPackedBrgemm; elsewhere, and on the own kernel, B is packed as above.
-  // Set by GroupedMatmul's forward for float32 [G, K, N] weights, whose blocks serve few rows.
-  bool b_in_place_kn = false;
   // The caller's float32 tiles were measured faster (the weight gradient's: at its slowest shape)
   // on gradkit's micro-kernel than on oneDNN 2.6's brgemm on CPUs of MoeOwnF32TilesOutrunBrgemm:
   // auto then takes the micro-kernel there.
@@ -62,17 +57,9 @@ struct MoeTileGemmShape {
 // CPUs where oneDNN 2.6's float32 brgemm loses to the micro-kernel on the fused op's tiles (and
 // on the weight gradient's at S3, while a few points ahead of it at S2/S4): AMD family 0x19
 // (Zen 4, whose AVX-512 executes on 256-bit units; Zen 3 has no AVX-512, so no brgemm).
-// Measured on Zen 4 only (docs/benchmarks.md): other families keep oneDNN's brgemm.
+// Measured on Zen 4 (docs/benchmarks.md); on Zen 5 (family 0x1A, full 512-bit units) the two ran
+// within the noise of each other (session 23), so it and other families keep oneDNN's brgemm.
 bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu);
-
-// CPUs where oneDNN 2.6 runs GroupedMatmul's float32 forward tiles faster reading the [K, N]
-// weight rows in place (gemm:jit, which packs them inside its loops, as it computes) than on
-// brgemm after a separate pass packs each block: AMD family 0x19 (Zen 4), plain / dense S2
-// 85-89 -> 88-90%, S4 94 -> 100-105, S1 and S3 within the noise, gathered / plain 89-98 ->
-// 96-102 (docs/benchmarks.md, session 15). On the AMX Xeon (family 6 model 167) it lost: S3
-// 81, 81, 74 -> 72, 62, 71, S2 80, 93, 86 -> 82, 75, 82 (session 21, three rounds), so other
-// CPUs keep the packed brgemm (oneDNN 3.x takes the same rule; its speed there is unmeasured).
-bool MoeF32InPlaceKNOutrunsPackedBrgemm(const CpuIdentity& cpu);
 
 // Tile GEMM: C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda) *
 // B[width, reduce]^T (row stride ldb). oneDNN 2.6's brgemm takes A only dense (lda = reduce):
