@@ -32,7 +32,8 @@ struct PlannedRun {
 }  // namespace
 
 GroupedMatmulBenchResult RunGroupedMatmulBenchCase(const MoeGradBenchCase& c, bool weight_grad,
-                                                   double min_seconds) {
+                                                   double min_seconds, bool transpose_weight) {
+  transpose_weight = transpose_weight && !weight_grad;
   const int32_t threads = c.threads;
   const MoeGradRouting routing = MoeGradBenchRouting(c);
   const int64_t m = routing.m, n = c.n, k = c.k, g = c.g;
@@ -46,7 +47,8 @@ GroupedMatmulBenchResult RunGroupedMatmulBenchCase(const MoeGradBenchCase& c, bo
     std::memcpy(expanded.data() + i * k * elem, tokens.data() + routing.row_token[i] * k * elem,
                 static_cast<size_t>(k * elem));
   }
-  // Forward: weight [G, K, N] and y [M, N]; weight grad: gradY [M, N] and gradWeight [G, K, N].
+  // Forward: weight [G, K, N] (or [G, N, K]) and y [M, N]; weight grad: gradY [M, N] and
+  // gradWeight [G, K, N].
   const auto operand = weight_grad ? HashedBuffer(m * n, c.dtype, 2, threads)
                                    : HashedBuffer(g * k * n, c.dtype, 2, threads);
   std::vector<float> out(static_cast<size_t>(weight_grad ? g * k * n : m * n));
@@ -54,7 +56,9 @@ GroupedMatmulBenchResult RunGroupedMatmulBenchCase(const MoeGradBenchCase& c, bo
   Check(gkSetNumThreads(threads));
   TensorHandle groups_t({g}, DType::kI64, routing.group_counts.data());
   TensorHandle idx_t({m}, DType::kI64, routing.gather_idx.data());
-  TensorHandle operand_t(weight_grad ? std::vector<int64_t>{m, n} : std::vector<int64_t>{g, k, n},
+  TensorHandle operand_t(weight_grad        ? std::vector<int64_t>{m, n}
+                         : transpose_weight ? std::vector<int64_t>{g, n, k}
+                                            : std::vector<int64_t>{g, k, n},
                          c.dtype, operand.data());
   TensorHandle out_t(weight_grad ? std::vector<int64_t>{g, k, n} : std::vector<int64_t>{m, n},
                      DType::kF32, out.data());
@@ -72,7 +76,7 @@ GroupedMatmulBenchResult RunGroupedMatmulBenchCase(const MoeGradBenchCase& c, bo
                                                       c.top_k, out_t.t, &size, &run.executor));
     } else {
       Check(gkGroupedMatmulGetWorkspaceSize(x_t.t, operand_t.t, groups_t.t, GK_GROUP_LIST_COUNT,
-                                            false, idx, GK_ROW_IDX_GATHER, c.top_k, out_t.t, &size,
+                                            transpose_weight, idx, GK_ROW_IDX_GATHER, c.top_k, out_t.t, &size,
                                             &run.executor));
     }
     Check(gkSetExecutorRepeatable(run.executor));
@@ -92,19 +96,19 @@ GroupedMatmulBenchResult RunGroupedMatmulBenchCase(const MoeGradBenchCase& c, bo
       [&] { dense->Run(dense_a.data(), dense_b.data(), dense_c.data(), n); }};
   const std::vector<double> seconds = BestSecondsInterleaved(candidates, min_seconds, 3);
   gkSetNumThreads(0);
-  return {c, weight_grad, m, dense->name(), rate(seconds[0]), rate(seconds[1]), rate(seconds[2]),
+  return {c, weight_grad, transpose_weight, m, dense->name(), rate(seconds[0]), rate(seconds[1]), rate(seconds[2]),
           static_cast<uint64_t>(runs[1].workspace.size())};
 }
 
 std::string GroupedMatmulBenchJson(const GroupedMatmulBenchResult& r) {
   return fmt::format(
       "{{\"op\": \"{}\", \"shape\": \"{}\", \"dtype\": \"{}\", \"threads\": {}, \"batch\": {}, "
-      "\"topK\": {}, \"G\": {}, \"K\": {}, \"N\": {}, \"M\": {}, \"gemm\": \"{}\", "
+      "\"topK\": {}, \"G\": {}, \"K\": {}, \"N\": {}, \"M\": {}, \"weight\": \"{}\", \"gemm\": \"{}\", "
       "\"plain_gflops\": {}, \"gathered_gflops\": {}, \"dense_gflops\": {}, \"vs_dense\": {}, "
       "\"gathered_vs_plain\": {}, \"workspace_bytes\": {}}}",
       r.weight_grad ? "grouped_matmul_weight_grad" : "grouped_matmul", r.c.shape,
       DTypeName(r.c.dtype), r.c.threads, r.c.batch, r.c.top_k, r.c.g, r.c.k, r.c.n, r.m,
-      r.gemm_backend, JsonNumber(r.plain_gflops, 1), JsonNumber(r.gathered_gflops, 1),
+      r.weight_grad ? "" : r.transpose_weight ? "GNK" : "GKN", r.gemm_backend, JsonNumber(r.plain_gflops, 1), JsonNumber(r.gathered_gflops, 1),
       JsonNumber(r.dense_gflops, 1), JsonNumber(r.plain_gflops / r.dense_gflops, 3),
       JsonNumber(r.gathered_gflops / r.plain_gflops, 3), r.workspace_bytes);
 }

@@ -15,6 +15,7 @@ namespace gk::bench {
 struct GroupedMatmulBenchResult {
   MoeGradBenchCase c;
   bool weight_grad;
+  bool transpose_weight;  // forward: weight stored [G, N, K]
   int64_t m;
   std::string gemm_backend;
   double plain_gflops;     // x [M, K]
@@ -23,8 +24,9 @@ struct GroupedMatmulBenchResult {
   uint64_t workspace_bytes;
 };
 
+// transpose_weight (forward only): the weights stored [G, N, K] (nn.Linear's layout).
 GroupedMatmulBenchResult RunGroupedMatmulBenchCase(const MoeGradBenchCase& c, bool weight_grad,
-                                                   double min_seconds);
+                                                   double min_seconds, bool transpose_weight = false);
 std::string GroupedMatmulBenchJson(const GroupedMatmulBenchResult& r);
 
 }  // namespace gk::bench

@@ -303,6 +303,7 @@ void AddPlanOptions(CLI::App& cmd, PlanOptions& o) {
 
 struct BenchOptions {
   bool weight_grad = false;
+  bool transpose_weight = false;
   std::string preset, dtype;
   int32_t threads = 0;
   bool json = false;
@@ -325,14 +326,15 @@ void RunBench(const BenchOptions& o) {
   }
   if (!o.json) {
     std::printf("%s on CPU (%s, %s), %d threads; GFLOP/s = 2 M N K per second; gathered: x read "
-                "from the token matrix through expandedRowIdx\n",
+                "from the token matrix through expandedRowIdx%s\n",
                 o.weight_grad ? "GroupedMatmulWeightGrad" : "GroupedMatmul", ChosenIsa().c_str(),
-                MoeGemmLibraryName().c_str(), threads);
+                MoeGemmLibraryName().c_str(), threads,
+                o.transpose_weight ? "; weight stored [G, N, K]" : "");
     std::printf("%-4s %-9s %6s %9s %9s %9s %9s %10s %11s\n", "", "dtype", "M", "plain", "gathered",
                 "dense", "vs dense", "gath/plain", "workspace");
   }
   for (const auto& c : cases) {
-    const auto r = bench::RunGroupedMatmulBenchCase(c, o.weight_grad, o.min_seconds);
+    const auto r = bench::RunGroupedMatmulBenchCase(c, o.weight_grad, o.min_seconds, o.transpose_weight);
     if (o.json) {
       std::printf("%s\n", bench::GroupedMatmulBenchJson(r).c_str());
     } else {
@@ -361,6 +363,10 @@ void AddBenchCommand(CLI::App& bench, bool weight_grad) {
       ->capture_default_str();
   cmd->add_option("--min-time", o->min_seconds, "Seconds per case (default 0.5)");
   cmd->add_flag("--json", o->json, "One JSON object per case and line");
+  if (!weight_grad) {
+    cmd->add_flag("--transpose-weight", o->transpose_weight,
+                  "Weight stored [G, N, K] (nn.Linear's layout) instead of [G, K, N]");
+  }
   cmd->callback([o] { RunBench(*o); });
 }
 

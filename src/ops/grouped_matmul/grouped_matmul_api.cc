@@ -178,6 +178,10 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
       return slots.gemm->PrepareBFromKN(cols, kr, w + ((g * s.k + k0) * s.n + n0) * elem);
     }
     const void* b = w + ((g * s.n + n0) * s.k + k0) * elem;  // [N, K] rows of expert g, in place
+    if (p.b_kn_tile) {  // float32 [N, K] rows copied into [K, N] rows, which the GEMM reads in place
+      GroupedMatmulTransposeBlock(s.dtype, b, s.k, cols, kr, slots.b_tile, GroupedMatmulKNTileStride(p.base_n));
+      return slots.gemm->PrepareBFromKN(cols, kr, slots.b_tile);
+    }
     if (p.b_copied) {
       if (s.weight_nk) {  // float16 [N, K] rows: converted
         for (int64_t c = 0; c < cols; ++c) {

@@ -145,6 +145,14 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
   // for its row blocks, the weight grad per (chunk, column block) for its K blocks.
   g.prepared_b = true;
   if (MayPackBFromKN(s)) g.ldb_kn = s.n;
+  // float32 forward without k-blocks, more than one column block (so no block's [K, N] rows
+  // are dense), on CPUs that read them in place: [G, K, N] rows where they are, [G, N, K]
+  // blocks from the B tile's [K, N] rows (b_kn_tile), both on gemm:jit.
+  if (s.op == GroupedMatmulOp::kForward && s.dtype == DType::kF32 && t.k_blocks == 1 &&
+      s.n > t.base_n && MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity())) {
+    g.b_in_place = true;
+    if (s.weight_nk) g.ldb_kn = GroupedMatmulKNTileStride(t.base_n);
+  }
   return g;
 }
 
@@ -152,7 +160,8 @@ GroupedMatmulMachine GroupedMatmulMachineOf(const MoeTileGemm& gemm, const MoeTi
                                             int32_t threads) {
   GroupedMatmulMachine machine{threads, gemm.scratchpad_bytes(), gemm.name(), {},
                                gemm.packs_b(), gemm.prepares_b_from_kn(), gemm.row_granule(),
-                               GroupedMatmulStreamsGradWeight(DetectCpuIdentity())};
+                               GroupedMatmulStreamsGradWeight(DetectCpuIdentity()),
+                               gemm.reads_b_in_place()};
   for (int64_t width : shape.widths) machine.gemm_impls.emplace_back(width, gemm.impl(width));
   return machine;
 }
@@ -207,7 +216,8 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     }
     p.units = s.m == 0 ? 0 : p.row_blocks * p.NGroups();
     p.a_copied = s.gather_fused || s.dtype == DType::kF16 || k_blocked;
-    p.b_copied = s.dtype == DType::kF16 || (!s.weight_nk && !p.b_from_kn);
+    p.b_kn_tile = s.weight_nk && machine.reads_b_in_place;
+    p.b_copied = s.dtype == DType::kF16 || (!s.weight_nk && !p.b_from_kn) || p.b_kn_tile;
     // A copied or packed B block is worth more than a copied A tile: a pass over a weight block
     // costs about what gathering (or converting) x's rows does, and it serves only the rows of
     // one expert, so it is the one kept across units. With k-blocks no B is kept: each is
@@ -228,7 +238,7 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
                          : std::clamp(stage_rows, p.row_granule, p.base_m);
     p.a_tile_elems = ((a_whole_block ? 2 * p.base_m : p.a_stage_rows) + p.row_granule) * p.base_k;
     // B: a block's rows of the whole K, stride K (with k-blocks, one k-block of each row).
-    p.b_tile_elems = p.b_copied ? p.base_n * s.k : 0;
+    p.b_tile_elems = !p.b_copied ? 0 : p.b_kn_tile ? s.k * GroupedMatmulKNTileStride(p.base_n) : p.base_n * s.k;
   } else {
     p.n_group_blocks = std::max<int64_t>(1, std::min(p.col_blocks, kGroupedMatmulGradGroupCols / p.base_n));
     const int64_t group_cols = std::min(s.n, p.n_group_blocks * p.base_n);
@@ -295,7 +305,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       "\"last_k\": {}, \"row_granule\": {}, \"reduce_granule\": {}, "
       "\"work_split\": {{\"row_blocks\": {}, \"last_block_rows\": {}, \"col_blocks\": {}, "
       "\"last_block_cols\": {}, \"k_group_blocks\": {}, \"n_group_blocks\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_grab\": {}}}, "
-      "\"a_copied\": {}, \"a_stage_rows\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"stream_out\": {}, \"threads\": {}, \"machine_threads\": {}, "
+      "\"a_copied\": {}, \"a_stage_rows\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"b_kn_tile\": {}, \"stream_out\": {}, \"threads\": {}, \"machine_threads\": {}, "
       "\"thread_bytes\": {}, \"workspace\": {{\"alignment\": {}, \"c_tiles\": {}, \"a_tiles\": {}, "
       "\"b_tiles\": {}, \"system\": {}, \"group_offsets\": {}, \"row_token\": {}, \"end\": {}}}, "
       "\"workspace_bytes\": {}}}",
@@ -307,7 +317,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       p.last_block_cols, p.k_group_blocks, p.n_group_blocks, p.units,
       forward ? (p.column_block_first ? "column_block_first" : "row_block_first")
               : "expert_k_group_n_group",
-      p.units_per_grab, p.a_copied, p.a_stage_rows, p.b_copied, p.b_from_kn, p.stream_out, p.threads, p.machine_threads, p.thread_bytes,
+      p.units_per_grab, p.a_copied, p.a_stage_rows, p.b_copied, p.b_from_kn, p.b_kn_tile, p.stream_out, p.threads, p.machine_threads, p.thread_bytes,
       kGroupedMatmulAlignment, region(l.c_tiles), region(l.a_tiles), region(l.b_tiles),
       region(l.system), region(l.group_offsets), region(l.row_token), l.end, p.workspace_bytes);
 }

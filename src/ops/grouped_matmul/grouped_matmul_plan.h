@@ -15,7 +15,10 @@
 // B is the weight block read in place ([G, N, K] storage, float32 / bfloat16) or copied into the
 // thread's B tile (float16: converted; [G, K, N] storage: transposed, unless the GEMM library
 // packs straight from [K, N] rows, as oneDNN 2.x does), then packed by the GEMM library once
-// (Worker::PrepareB / PrepareBFromKN) for as long as the thread's units use it. When B is copied
+// (Worker::PrepareB / PrepareBFromKN) for as long as the thread's units use it (float32 weights
+// on CPUs of MoeF32InPlaceKNOutrunsPackedBrgemm: [K, N] rows read in place by the library's
+// gemm:jit on every call, nothing kept, so row block first; [N, K] blocks copied into the B
+// tile as [K, N] rows first, b_kn_tile, column block first). When B is copied
 // or packed, units run column block first, so a thread prepares each (expert, column block) once
 // for all the row blocks it runs in a row (a gathered A is then gathered again per unit: one pass
 // over the rows of x, where B's pass serves only one expert's rows); otherwise row block first,
@@ -92,6 +95,12 @@ inline constexpr int64_t kGroupedMatmulStreamUnitsPerThread = 4;
 // stay whole.
 inline constexpr int64_t kGroupedMatmulAStageBytes = int64_t{512} << 10;
 
+// The B tile's [K, N] row stride (elements) where float32 [G, N, K] weights are copied into
+// [K, N] rows for a GEMM that reads them in place (b_kn_tile): 16 past base_n, so that no
+// block's rows are dense (oneDNN runs dense ones on brgemm, strided ones on gemm:jit, as the
+// [G, K, N] form's rows of stride N).
+inline int64_t GroupedMatmulKNTileStride(int64_t base_n) { return base_n + 16; }
+
 struct GroupedMatmulMachine {
   int32_t threads;
   uint64_t gemm_scratchpad_bytes;
@@ -101,6 +110,7 @@ struct GroupedMatmulMachine {
   bool packs_b_from_kn = false;  // ... and packs [K, N] weight rows itself (no transposed copy)
   int64_t gemm_row_granule = kGroupedMatmulRowGranule;  // GEMM rows padded to this (MoeTileGemm)
   bool streams_grad_weight = false;  // GroupedMatmulStreamsGradWeight of this CPU
+  bool reads_b_in_place = false;     // MoeTileGemm::reads_b_in_place: float32 B^T rows, no pack
 };
 
 // CPUs whose weight gradient runs faster storing gradWeight by non-temporal stores: Intel's
@@ -156,6 +166,10 @@ struct GroupedMatmulPlan {
   // forward's [G, K, N] weights; the weight grad's gradY rows for every chunk that needs no zero
   // padding (a chunk whose rows are not a multiple of reduce_granule goes through the B tile).
   bool b_from_kn;
+  // Forward, float32 [G, N, K] weights where the GEMM reads B in place (machine
+  // reads_b_in_place): each block copied into the B tile as [K, N] rows of stride
+  // GroupedMatmulKNTileStride, so that every weight form runs the one kernel [K, N] rows run on.
+  bool b_kn_tile;
   // Weight grad (not Add): gradWeight stored by non-temporal stores (GroupedMatmulStreamTiles).
   bool stream_out;
   int64_t c_tile_elems;  // per thread: float32 tiles of [base_m, base_n] (one, or a unit's)

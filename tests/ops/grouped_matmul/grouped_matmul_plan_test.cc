@@ -54,12 +54,34 @@ TEST(grouped_matmul_plan, BPackedOnceByGradkitsPackerOnOneDnn2) {
                                         << " " << DTypeName(dtype) << " M " << m << " K " << k << " N " << n);
         const GroupedMatmulMachine machine = DetectGroupedMatmulMachine(Shape(op, m, k, n, g, dtype));
         ++cases;
-        EXPECT_TRUE(machine.packs_b);
+        // The float32 forward without k-blocks reads [K, N] rows in place where that measured
+        // faster (the 700-row case streams k-blocks, so it packs).
+        const bool in_place = op == GroupedMatmulOp::kForward && dtype == DType::kF32 && m == 8192 &&
+                              MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
+        EXPECT_EQ(machine.reads_b_in_place, in_place);
+        EXPECT_EQ(machine.packs_b, !in_place);
         EXPECT_TRUE(machine.packs_b_from_kn);
         ASSERT_FALSE(machine.gemm_impls.empty());
-        EXPECT_NE(machine.gemm_impls.front().second.find("B packed once per block by gradkit"),
+        EXPECT_NE(machine.gemm_impls.front().second.find(
+                      in_place ? "gemm:jit, B read in place from [K, N] rows" : "B packed once per block by gradkit"),
                   std::string::npos)
             << machine.gemm_impls.front().second;
+        if (in_place) {
+          // [K, N] rows: row block first, nothing copied. [N, K] weights: the same kernel on
+          // [K, N] copies of the blocks, column block first.
+          const auto kn = MakeGroupedMatmulPlan(Shape(op, m, k, n, g, dtype), machine);
+          EXPECT_FALSE(kn.column_block_first);
+          EXPECT_FALSE(kn.b_kn_tile);
+          auto nk_shape = Shape(op, m, k, n, g, dtype);
+          nk_shape.weight_nk = true;
+          const GroupedMatmulMachine nk_machine = DetectGroupedMatmulMachine(nk_shape);
+          EXPECT_TRUE(nk_machine.reads_b_in_place);
+          EXPECT_EQ(nk_machine.gemm_impls, machine.gemm_impls);
+          const auto nk = MakeGroupedMatmulPlan(nk_shape, nk_machine);
+          EXPECT_TRUE(nk.b_kn_tile);
+          EXPECT_TRUE(nk.column_block_first);
+          EXPECT_EQ(nk.b_tile_elems, k * GroupedMatmulKNTileStride(nk.base_n));
+        }
       }
     }
   }
@@ -134,6 +156,33 @@ TEST(grouped_matmul_plan, UnitOrderFollowsTheCopiedOperand) {
   EXPECT_EQ(p.gemm_dtype, DType::kF32);
   s.dtype = DType::kBF16;
   EXPECT_EQ(MakeGroupedMatmulPlan(s, Machine(2)).gemm_dtype, DType::kBF16);
+}
+
+// A GEMM that reads float32 B in place (reads_b_in_place, MoeTileGemm::reads_b_in_place):
+// [G, K, N] rows stay where they are, units row block first; [G, N, K] blocks go through the B
+// tile as [K, N] rows of GroupedMatmulKNTileStride, units column block first (each copy kept
+// for the thread's row blocks), so both forms run on the one kernel.
+TEST(grouped_matmul_plan, InPlaceGemmTakesNKWeightsAsKNCopies) {
+  GroupedMatmulMachine in_place = Machine(2);
+  in_place.packs_b_from_kn = in_place.reads_b_in_place = true;
+  auto s = Shape(GroupedMatmulOp::kForward, 1000, 64, 512, 4);
+  auto p = MakeGroupedMatmulPlan(s, in_place);
+  EXPECT_TRUE(p.b_from_kn);
+  EXPECT_FALSE(p.b_kn_tile);
+  EXPECT_FALSE(p.b_copied);
+  EXPECT_EQ(p.b_tile_elems, 0);
+  EXPECT_FALSE(p.column_block_first);
+  s.weight_nk = true;
+  p = MakeGroupedMatmulPlan(s, in_place);
+  EXPECT_FALSE(p.b_from_kn);
+  EXPECT_TRUE(p.b_kn_tile);
+  EXPECT_TRUE(p.b_copied);
+  EXPECT_TRUE(p.column_block_first);
+  EXPECT_EQ(GroupedMatmulKNTileStride(p.base_n), p.base_n + 16);
+  EXPECT_EQ(p.b_tile_elems, 64 * (p.base_n + 16));
+  // Elsewhere [G, N, K] rows are read (and packed) where they are.
+  EXPECT_FALSE(MakeGroupedMatmulPlan(s, Machine(2)).b_kn_tile);
+  EXPECT_FALSE(MakeGroupedMatmulPlan(s, Machine(2)).b_copied);
 }
 
 // A piece that goes through the A tile by itself is copied and multiplied in stages of

@@ -200,6 +200,16 @@ TEST(moe_grad_gemm, OwnFloat32TilesOnZen4Only) {
   EXPECT_FALSE(MoeOwnF32TilesOutrunBrgemm({"", 0, 0}));
 }
 
+// The CPUs whose float32 forward reads [K, N] weights in place: AMD families 0x19 (Zen 4) and
+// 0x1A (Zen 5), measured on both; not Intel, not an unknown CPU.
+TEST(moe_grad_gemm, InPlaceKNFloat32OnZen4AndZen5) {
+  EXPECT_TRUE(MoeF32InPlaceKNOutrunsPackedBrgemm({"AuthenticAMD", 0x19, 0x11}));
+  EXPECT_TRUE(MoeF32InPlaceKNOutrunsPackedBrgemm({"AuthenticAMD", 0x1A, 0x02}));
+  EXPECT_FALSE(MoeF32InPlaceKNOutrunsPackedBrgemm({"AuthenticAMD", 0x17, 0x31}));
+  EXPECT_FALSE(MoeF32InPlaceKNOutrunsPackedBrgemm({"GenuineIntel", 0x6, 0x8F}));
+  EXPECT_FALSE(MoeF32InPlaceKNOutrunsPackedBrgemm({"", 0, 0}));
+}
+
 TEST(moe_grad_gemm, EnvironmentPicksTheGemm) {
   {
     const EnvScope scope("GRADKIT_GEMM", "gradkit");

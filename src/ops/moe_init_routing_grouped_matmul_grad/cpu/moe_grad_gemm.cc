@@ -209,14 +209,16 @@ dnnl::memory::desc PlainB(DType dtype, int64_t reduce, int64_t width, int64_t ld
 // C[rows, width] (+)= A[rows, reduce] * B[width, reduce]^T. With packed_b, the weights are in
 // the layout the implementation chooses (format_tag::any: B is reordered into it once per B,
 // see OneDnnTileGemm); else B is read where it is (oneDNN then packs it on every call), as
-// [width, reduce] rows of stride ldb.
+// [width, reduce] rows of stride ldb or, with ldb_kn > 0, as B^T's rows of that stride.
 dnnl::matmul::primitive_desc MatmulDesc(DType dtype, int64_t rows, int64_t reduce, int64_t width,
                                         int64_t lda, int64_t ldb, int64_t ldc, bool accumulate,
-                                        bool user_scratchpad, bool packed_b = false) {
+                                        bool user_scratchpad, bool packed_b = false,
+                                        int64_t ldb_kn = 0) {
   using dnnl::memory;
   const memory::desc a({rows, reduce}, DnnlType(dtype), memory::dims{lda, 1});
-  const memory::desc b = packed_b ? memory::desc({reduce, width}, DnnlType(dtype), memory::format_tag::any)
-                                  : PlainB(dtype, reduce, width, ldb);
+  const memory::desc b = packed_b     ? memory::desc({reduce, width}, DnnlType(dtype), memory::format_tag::any)
+                         : ldb_kn > 0 ? PlainB(dtype, reduce, width, ldb_kn, /*kn=*/true)
+                                      : PlainB(dtype, reduce, width, ldb);
   const memory::desc c({rows, width}, memory::data_type::f32, memory::dims{ldc, 1});
   dnnl::primitive_attr attr;
   if (user_scratchpad) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -287,14 +289,23 @@ class OneDnnTileGemm final : public MoeTileGemm {
     // saves, where brgemm's own per-call copy is specialised (docs/benchmarks.md); a narrower
     // last column block (often gemm:jit, with a plain B) may use the reorder. A property of the
     // shape and the library, never of the thread count.
-    if (!(shape.prepared_b && kPackBOnce && MakeEntries(/*packed_b=*/true) &&
-          (shape.gemm_dtype != DType::kBF16 || PacksOwn(shape.widths.front())))) {
+    // float32 B read in place (shape.b_in_place): every call of the shape on gemm:jit, or none
+    // (brgemm sums a row of C over the whole K in one chain, gemm:jit in blocks of K added into
+    // C, so the weight forms would differ in bits), else packed.
+    in_place_ = shape.b_in_place && shape.ldb_kn > 0 && shape.gemm_dtype == DType::kF32 &&
+                MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
+    if (in_place_ && !MakeEntries(/*packed_b=*/false)) in_place_ = false;
+    if (!in_place_ && !(shape.prepared_b && kPackBOnce && MakeEntries(/*packed_b=*/true) &&
+                        (shape.gemm_dtype != DType::kBF16 || PacksOwn(shape.widths.front())))) {
       MakeEntries(/*packed_b=*/false);
     }
     for (const Entry& e : entries_) {
       const std::string name = e.pd.impl_info_str();
       std::string& impl = impls_[e.width];
       if (impl.find(name) == std::string::npos) impl += impl.empty() ? name : "+" + name;
+    }
+    if (in_place_) {
+      for (auto& [width, impl] : impls_) impl += ", B read in place from [K, N] rows";
     }
     if (packed_b_) {
       for (auto& [width, impl] : impls_) {
@@ -312,7 +323,8 @@ class OneDnnTileGemm final : public MoeTileGemm {
   uint64_t scratchpad_bytes() const override { return packed_b_bytes_ + scratchpad_bytes_; }
   int64_t row_granule() const override { return shape_.row_granule; }
   bool packs_b() const override { return packed_b_; }
-  bool prepares_b_from_kn() const override { return packed_b_ && packs_from_kn_; }
+  bool prepares_b_from_kn() const override { return in_place_ || (packed_b_ && packs_from_kn_); }
+  bool reads_b_in_place() const override { return in_place_; }
 
   class DnnlWorker final : public Worker {
    public:
@@ -331,6 +343,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
       if (!gemm_.prepares_b_from_kn()) {
         throw std::logic_error("MoE tile GEMM: B^T rows were not prepared for");
       }
+      if (gemm_.in_place_) return b_kn;
       return PackB(width, reduce, b_kn, /*kn=*/true);
     }
     void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
@@ -419,7 +432,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
 
   // Every matmul the shape needs, in Index order. With packed_b, false (and nothing kept) when
   // two row counts of one (width, reduce) want B in different layouts, or a reorder needs a
-  // scratchpad of its own.
+  // scratchpad of its own; with in_place_, false when a call's implementation is not gemm:jit.
   bool MakeEntries(bool packed_b) {
     entries_.clear();
     packs_.clear();
@@ -432,8 +445,12 @@ class OneDnnTileGemm final : public MoeTileGemm {
           Entry e{MatmulDesc(shape_.gemm_dtype, rows, step.reduce, width,
                              shape_.LdaOf(step.reduce), shape_.LdbOf(step.reduce), shape_.ldc,
                              step.accumulate,
-                             /*user_scratchpad=*/true, packed_b),
+                             /*user_scratchpad=*/true, packed_b, in_place_ ? shape_.ldb_kn : 0),
                   {}, width};
+          if (in_place_ && std::string_view(e.pd.impl_info_str()).rfind("gemm:jit", 0) != 0) {
+            entries_.clear();
+            return false;
+          }
           e.primitive = dnnl::matmul(e.pd);
           scratchpad_bytes_ = std::max<uint64_t>(scratchpad_bytes_, e.pd.scratchpad_desc().get_size());
           if (packed_b && !AddPack(width, step.reduce, e.pd.weights_desc())) {
@@ -598,6 +615,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
   std::vector<Pack> packs_;
   bool packed_b_ = false;
   bool packs_from_kn_ = false;  // every pack also has its reorder from B^T's rows
+  bool in_place_ = false;       // shape.b_in_place taken: B^T's rows read by gemm:jit, no pack
   uint64_t scratchpad_bytes_ = 0;
   uint64_t packed_b_bytes_ = 0;
   std::map<int64_t, std::string> impls_;
@@ -672,6 +690,10 @@ bool IsAmdFamily19(const CpuIdentity& cpu) { return cpu.vendor == "AuthenticAMD"
 }  // namespace
 
 bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu) { return IsAmdFamily19(cpu); }
+
+bool MoeF32InPlaceKNOutrunsPackedBrgemm(const CpuIdentity& cpu) {
+  return IsAmdFamily19(cpu) || (cpu.vendor == "AuthenticAMD" && cpu.family == 0x1A);
+}
 
 std::unique_ptr<MoeTileGemm> MoeTileGemm::Create(const MoeTileGemmShape& shape) {
   const MoeTileGemmChoice choice = MoeTileGemmChoiceFromEnv();

@@ -46,6 +46,13 @@ struct MoeTileGemmShape {
   // With prepared_b: when > 0, PrepareBFromKN is asked too, with B given as its transpose,
   // [reduce, width] rows of this stride (GroupedMatmul's [G, K, N] weights read in place).
   int64_t ldb_kn = 0;
+  // With ldb_kn > 0 (> every width): float32 B read where it is by oneDNN's gemm:jit on every
+  // call from B^T's rows (PrepareBFromKN hands b_kn back, nothing is packed), on CPUs of
+  // MoeF32InPlaceKNOutrunsPackedBrgemm, every call of the shape on gemm:jit or none (else B is
+  // packed as above; MoeTileGemm::reads_b_in_place says which). Set by GroupedMatmul's forward for
+  // float32 weights without k-blocks, whose blocks serve few rows: [G, K, N] rows in place,
+  // [G, N, K] blocks copied into [K, N] rows first, so that both forms run one kernel.
+  bool b_in_place = false;
   // The caller's float32 tiles were measured faster (the weight gradient's: at its slowest shape)
   // on gradkit's micro-kernel than on oneDNN 2.6's brgemm on CPUs of MoeOwnF32TilesOutrunBrgemm:
   // auto then takes the micro-kernel there.
@@ -60,6 +67,16 @@ struct MoeTileGemmShape {
 // Measured on Zen 4 (docs/benchmarks.md); on Zen 5 (family 0x1A, full 512-bit units) the two ran
 // within the noise of each other (session 23), so it and other families keep oneDNN's brgemm.
 bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu);
+
+// CPUs where oneDNN 2.6 runs GroupedMatmul's float32 forward tiles faster reading [K, N] weight
+// rows in place (gemm:jit, which packs them inside its loops, as it computes) than on brgemm
+// after a separate pass packs each block: AMD family 0x19 (Zen 4: plain / dense S2 85-89 ->
+// 88-90%, S4 94 -> 100-105, S1 and S3 within the noise, gathered / plain 89-98 -> 96-102;
+// docs/benchmarks.md, session 15) and 0x1A (Zen 5: S1 93-99 -> 96-97, S2 82-89 -> 87-91, S4
+// 89-95 -> 97-102, gathered / plain at S1 90-97 -> 97-100; session 23). On the AMX Xeon (family
+// 6 model 167) it lost: S3 81, 81, 74 -> 72, 62, 71, S2 80, 93, 86 -> 82, 75, 82 (session 21),
+// so other CPUs keep the packed brgemm.
+bool MoeF32InPlaceKNOutrunsPackedBrgemm(const CpuIdentity& cpu);
 
 // Tile GEMM: C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda) *
 // B[width, reduce]^T (row stride ldb). oneDNN 2.6's brgemm takes A only dense (lda = reduce):
@@ -95,6 +112,8 @@ class MoeTileGemm {
   // B as itself or its transpose (the own kernel), so that a caller reads operands in place
   // instead of copying them to the shape's strides first (oneDNN's kernels are made for those).
   virtual bool takes_any_stride() const { return false; }
+  // Whether the shape's b_in_place was taken: PrepareBFromKN hands B^T's rows back unpacked.
+  virtual bool reads_b_in_place() const { return false; }
 
   // What one thread runs its calls through; holds the library's per-call objects, reused.
   class Worker {
