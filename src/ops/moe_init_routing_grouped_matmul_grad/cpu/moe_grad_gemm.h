@@ -44,7 +44,8 @@ struct MoeTileGemmShape {
   // that B: the library then packs B into its own layout once instead of on every call.
   bool prepared_b = false;
   // With prepared_b: when > 0, PrepareBFromKN is asked too, with B given as its transpose,
-  // [reduce, width] rows of this stride (GroupedMatmul's [G, K, N] weights read in place).
+  // [reduce, width] rows of this stride (GroupedMatmul's [G, K, N] weights read in place; with
+  // b_in_place, also the B tile's [K, N] copies of [G, N, K] blocks).
   int64_t ldb_kn = 0;
   // With ldb_kn > 0 (> every width): float32 B read where it is by oneDNN's gemm:jit on every
   // call from B^T's rows (PrepareBFromKN hands b_kn back, nothing is packed), on CPUs of
