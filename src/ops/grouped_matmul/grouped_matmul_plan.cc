@@ -89,11 +89,15 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   // 60-62. Forced at S1 (1024 rows an expert: four pieces, four packs) float32 ran 90 -> 84 and
   // float16 80 -> 68, one round. So: bfloat16 on AMX whenever K
   // spans k-blocks; elsewhere (float32 GEMMs, bfloat16 without AMX: unmeasured) when experts
-  // average at most base_m rows (one piece), where k-blocks cost no extra pass. A property of
-  // the shape (and the AMX rule) whatever the weights' layout: every weight form sums in the
-  // same order.
+  // average at most base_m rows (one piece), where k-blocks cost no extra pass; but not float32
+  // that the CPU reads in place (MoeF32InPlaceKNOutrunsPackedBrgemm: gemm:jit blocks K itself)
+  // up to kGroupedMatmulInPlaceMaxK. A property of the shape (and those CPU rules) whatever the
+  // weights' layout: every weight form sums in the same order.
   const bool one_piece_an_expert = s.m <= s.g * t.base_m;
-  if (forward && s.k > kGroupedMatmulStreamBaseK && (Bf16OnAmx(t.gemm_dtype) || one_piece_an_expert)) {
+  const bool in_place_f32 = s.dtype == DType::kF32 && s.k <= kGroupedMatmulInPlaceMaxK &&
+                            s.n > t.base_n && MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
+  if (forward && !in_place_f32 && s.k > kGroupedMatmulStreamBaseK &&
+      (Bf16OnAmx(t.gemm_dtype) || one_piece_an_expert)) {
     t.base_k = kGroupedMatmulStreamBaseK;
     t.k_blocks = CeilDiv(s.k, t.base_k);
     t.last_k = s.k - (t.k_blocks - 1) * t.base_k;

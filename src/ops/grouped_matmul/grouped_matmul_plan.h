@@ -81,6 +81,13 @@ inline constexpr uint64_t kGroupedMatmulAlignment = 512;  // every workspace reg
 // kGroupedMatmulStreamUnitsPerThread units a thread.
 inline constexpr int64_t kGroupedMatmulStreamBaseK = 256;
 inline constexpr int64_t kGroupedMatmulStreamGroupCols = 2048;
+// On CPUs that read float32 weights in place (MoeF32InPlaceKNOutrunsPackedBrgemm) shapes that
+// would stream k-blocks keep the in-place kernel up to this K. Measured on Zen 5 (session 23,
+// percent of dense, in place against streamed): S2 (K 2048) [G, K, N] 98, 97, 92, 93 against 88,
+// 84, 82, 85 ([G, N, K] 83, 81, 85, 88 against 88, 87, 83, 87); S3 (K 7168) 79, 78, 83 against 81,
+// 81, 83, where the gathered form's A tile (a whole row block of the whole K, units row block
+// first) took the workspace from 5.1 to 29.4 MiB. Past it, k-blocks.
+inline constexpr int64_t kGroupedMatmulInPlaceMaxK = 4096;
 inline constexpr int64_t kGroupedMatmulStreamUnitsPerThread = 4;
 // Forward, A through the A tile one piece at a time (gather-fused or float16 x with units column
 // block first, and plain pieces whose padded rows would run past x's end in either order): a

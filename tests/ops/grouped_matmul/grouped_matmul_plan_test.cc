@@ -109,7 +109,9 @@ TEST(grouped_matmul_plan, ForwardTilesFromTheShape) {
   EXPECT_EQ(p.base_m, 256);
   EXPECT_EQ(p.base_n, 256);
   EXPECT_EQ(p.reduce, 300);  // the whole K of a unit...
-  EXPECT_EQ(p.k_blocks, 2);   // ...in k-blocks of 256 and 44 (1000 rows over 8 experts: one piece each)
+  // ...in k-blocks of 256 and 44 (1000 rows over 8 experts: one piece each), but where the CPU
+  // reads float32 weights in place.
+  EXPECT_EQ(p.k_blocks, MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity()) ? 1 : 2);
   EXPECT_EQ(p.row_blocks, 4);
   EXPECT_EQ(p.last_block_rows, 1000 - 3 * 256);
   EXPECT_EQ(p.col_blocks, 3);
@@ -218,8 +220,9 @@ TEST(grouped_matmul_plan, CopiedPiecesInStagesOfA) {
   EXPECT_EQ(p.a_tile_elems, (2 * p.base_m + p.row_granule) * k);
   EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 1000, k, 512, 2), packing)
                 .a_stage_rows, 256);
-  // float32 k-blocks (one piece an expert): a whole piece's k-block in the A tile, one stage.
-  p = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 400, k, 512, 2), packing);
+  // float32 GEMMs' k-blocks (one piece an expert; float16 x, which no CPU reads in place): a
+  // whole piece's k-block in the A tile, one stage.
+  p = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 400, k, 512, 2, DType::kF16), packing);
   ASSERT_GT(p.k_blocks, 1);
   EXPECT_EQ(p.a_stage_rows, p.base_m);
   EXPECT_EQ(p.a_tile_elems, (p.base_m + p.row_granule) * p.base_k);
@@ -342,11 +345,25 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
 }
 
 // Forward k-blocks (streamed weights): bfloat16 on AMX whenever K spans more than one k-block,
-// otherwise when experts average at most base_m rows; k-blocks of kGroupedMatmulStreamBaseK, units of
-// up to kGroupedMatmulStreamGroupCols columns, narrowed until each thread has
+// otherwise when experts average at most base_m rows (float32 on CPUs that read it in place only
+// past kGroupedMatmulInPlaceMaxK); k-blocks of kGroupedMatmulStreamBaseK, units of up to
+// kGroupedMatmulStreamGroupCols columns, narrowed until each thread has
 // kGroupedMatmulStreamUnitsPerThread units.
 TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
   const int64_t bk = kGroupedMatmulStreamBaseK;
+  // S2: 16384 rows over 64 experts (256 each), K 2048, N 768: float32 keeps the whole K where the
+  // CPU reads it in place; float16 x streams everywhere; so does float32 past the in-place K.
+  const bool in_place_f32 = MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
+  EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 16384, 2048, 768, 64), Machine(2)).k_blocks,
+            in_place_f32 ? 1 : 2048 / bk);
+  EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 16384, 2048, 768, 64, DType::kF16),
+                                  Machine(2)).k_blocks, 2048 / bk);
+  const int64_t past = kGroupedMatmulInPlaceMaxK + bk;
+  EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 16384, past, 768, 64), Machine(2)).k_blocks,
+            past / bk);
+  // One column block (N <= 256): nothing is read in place, k-blocks.
+  EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 16384, 2048, 256, 64), Machine(2)).k_blocks,
+            2048 / bk);
   // S3: 8192 rows over 60 experts (~137 each), K 7168, N 2048 (8 blocks of 256).
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));
