@@ -164,8 +164,9 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
   }
 
   // B of (expert g, column block), k-block [k0, k0 + kr): copied into the B tile when needed
-  // (rows of stride K), then prepared by the library (packed, for oneDNN); valid until the
-  // thread's next PrepareB.
+  // (rows of stride K; with b_kn_tile, [K, N] rows of stride GroupedMatmulKNTileStride), then
+  // prepared by the library (packed, for oneDNN, or read in place); valid until the thread's
+  // next PrepareB.
   const void* PrepareWeights(int64_t g, int64_t col_block, int64_t k0, int64_t kr,
                              ThreadSlots& slots) const {
     const GroupedMatmulPlan& p = plan_;

@@ -241,7 +241,8 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
                          ? p.base_m
                          : std::clamp(stage_rows, p.row_granule, p.base_m);
     p.a_tile_elems = ((a_whole_block ? 2 * p.base_m : p.a_stage_rows) + p.row_granule) * p.base_k;
-    // B: a block's rows of the whole K, stride K (with k-blocks, one k-block of each row).
+    // B: a block's rows of the whole K, stride K (with k-blocks, one k-block of each row); with
+    // b_kn_tile, K rows of the block's columns, stride GroupedMatmulKNTileStride.
     p.b_tile_elems = !p.b_copied ? 0 : p.b_kn_tile ? s.k * GroupedMatmulKNTileStride(p.base_n) : p.base_n * s.k;
   } else {
     p.n_group_blocks = std::max<int64_t>(1, std::min(p.col_blocks, kGroupedMatmulGradGroupCols / p.base_n));

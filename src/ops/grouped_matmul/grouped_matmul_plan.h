@@ -168,7 +168,7 @@ struct GroupedMatmulPlan {
   // Forward: rows of a piece copied and multiplied at a time where the piece goes through the A
   // tile by itself (kGroupedMatmulAStageBytes); base_m otherwise, and for the weight grad.
   int64_t a_stage_rows;
-  bool b_copied;         // forward: B always goes through the B tile ([G, K, N] or float16)
+  bool b_copied;         // forward: B always goes through the B tile ([G, K, N], float16, b_kn_tile)
   // B packed by the GEMM straight from [reduce, width] rows of stride N (PrepareBFromKN): the
   // forward's [G, K, N] weights; the weight grad's gradY rows for every chunk that needs no zero
   // padding (a chunk whose rows are not a multiple of reduce_granule goes through the B tile).

@@ -37,13 +37,14 @@ const GmmCase kCases[] = {
     {"pieces_past_row_blocks", 740, 1, 4, 24, 40, 1.0, 0.8},
     // Forward k-blocks (streamed weights: K > kGroupedMatmulStreamBaseK, experts averaging at most
     // base_m rows): 600 = 256 + 256 + 88, two row blocks, a unit of two column blocks (the last
-    // 44 wide).
+    // 44 wide). Float32 x on Zen 4 / Zen 5 keeps the whole K in place (kGroupedMatmulInPlaceMaxK);
+    // float16 x streams there.
     {"k_blocks", 150, 2, 3, 600, 300, 1.0, 0.5},
     // Copied pieces in stages (gather-fused or float16 x): float32 stages of 64 rows, so the
     // expert's piece of 256 rows runs in four, and the last piece (44 rows; on oneDNN, padded
     // past x's end) in one; bfloat16 whole (only float32 GEMMs stage). Columns 256 + 40: on
-    // oneDNN the 40-wide block runs on gemm:jit, the others on brgemm, so both kernels meet
-    // staged rows against the plain form's whole pieces.
+    // oneDNN the 40-wide block runs on gemm:jit, the others on brgemm (float32 on Zen 4 / Zen 5:
+    // all on gemm:jit), so both kernels meet staged rows against the plain form's whole pieces.
     {"a_stages", 300, 1, 1, kGroupedMatmulAStageBytes / (4 * 64), 296},
 };
 
