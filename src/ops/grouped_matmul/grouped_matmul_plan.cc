@@ -32,6 +32,10 @@ struct Tiles {
   int64_t row_blocks, last_block_rows, col_blocks, last_block_cols;
   int64_t base_k, k_blocks, last_k;  // forward k-blocks (one of K unless streamed)
   int64_t n_group_blocks;            // forward: column blocks per unit
+  // Forward float32 B read in place on gemm:jit (MoeTileGemmShape::b_in_place): no k-blocks,
+  // more than one column block (so no block's [K, N] rows are dense), a CPU of
+  // MoeF32InPlaceKNOutrunsPackedBrgemm.
+  bool b_in_place;
 };
 
 // Whether B may be packed by the GEMM straight from rows of [reduce, width] (row stride N):
@@ -94,15 +98,16 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   // up to kGroupedMatmulInPlaceMaxK. A property of the shape (and those CPU rules) whatever the
   // weights' layout: every weight form sums in the same order.
   const bool one_piece_an_expert = s.m <= s.g * t.base_m;
-  const bool in_place_f32 = s.dtype == DType::kF32 && s.k <= kGroupedMatmulInPlaceMaxK &&
-                            s.n > t.base_n && MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
-  if (forward && !in_place_f32 && s.k > kGroupedMatmulStreamBaseK &&
-      (Bf16OnAmx(t.gemm_dtype) || one_piece_an_expert)) {
+  const bool reads_in_place = forward && s.dtype == DType::kF32 && s.n > t.base_n &&
+                              MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
+  if (forward && !(reads_in_place && s.k <= kGroupedMatmulInPlaceMaxK) &&
+      s.k > kGroupedMatmulStreamBaseK && (Bf16OnAmx(t.gemm_dtype) || one_piece_an_expert)) {
     t.base_k = kGroupedMatmulStreamBaseK;
     t.k_blocks = CeilDiv(s.k, t.base_k);
     t.last_k = s.k - (t.k_blocks - 1) * t.base_k;
     t.n_group_blocks = std::clamp<int64_t>(kGroupedMatmulStreamGroupCols / t.base_n, 1, t.col_blocks);
   }
+  t.b_in_place = reads_in_place && t.k_blocks == 1;
   return t;
 }
 
@@ -149,14 +154,10 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
   // for its row blocks, the weight grad per (chunk, column block) for its K blocks.
   g.prepared_b = true;
   if (MayPackBFromKN(s)) g.ldb_kn = s.n;
-  // float32 forward without k-blocks, more than one column block (so no block's [K, N] rows
-  // are dense), on CPUs that read them in place: [G, K, N] rows where they are, [G, N, K]
-  // blocks from the B tile's [K, N] rows (b_kn_tile), both on gemm:jit.
-  if (s.op == GroupedMatmulOp::kForward && s.dtype == DType::kF32 && t.k_blocks == 1 &&
-      s.n > t.base_n && MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity())) {
-    g.b_in_place = true;
-    if (s.weight_nk) g.ldb_kn = GroupedMatmulKNTileStride(t.base_n);
-  }
+  // Read in place (Tiles::b_in_place): [G, K, N] rows where they are, [G, N, K] blocks from the
+  // B tile's [K, N] rows (b_kn_tile), both on gemm:jit.
+  g.b_in_place = t.b_in_place;
+  if (t.b_in_place && s.weight_nk) g.ldb_kn = GroupedMatmulKNTileStride(t.base_n);
   return g;
 }
 
