@@ -12,6 +12,7 @@
 #include "gradkit/grouped_matmul.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 #include "ops/grouped_matmul/grouped_matmul_plan.h"
+#include "tools/gradkit/bench_cases.h"
 #include "tools/gradkit/cli_util.h"
 #include "tools/gradkit/commands.h"
 
@@ -304,7 +305,8 @@ void AddPlanOptions(CLI::App& cmd, PlanOptions& o) {
 struct BenchOptions {
   bool weight_grad = false;
   bool transpose_weight = false;
-  std::string preset, dtype;
+  BenchShapeOptions shape;
+  std::string dtype;
   int32_t threads = 0;
   bool json = false;
   double min_seconds = 0.5;
@@ -318,12 +320,7 @@ void RunBench(const BenchOptions& o) {
     throw CliError(fmt::format("--min-time is {}, it must be in (0, 3600] seconds", o.min_seconds));
   }
   const int32_t threads = o.threads > 0 ? o.threads : gkGetNumThreads();
-  const std::optional<std::string> preset =
-      o.preset.empty() ? std::nullopt : std::optional<std::string>(o.preset);
-  const auto cases = bench::MoeGradBenchCases(preset, dtype, threads);
-  if (preset && cases.empty()) {
-    throw CliError(fmt::format("--preset is '{}', it must be S1..S4", *preset));
-  }
+  const auto cases = BenchCases(o.shape, dtype, threads);
   if (!o.json) {
     std::printf("%s on CPU (%s, %s), %d threads; GFLOP/s = 2 M N K per second; gathered: x read "
                 "from the token matrix through expandedRowIdx%s\n",
@@ -355,9 +352,8 @@ void AddBenchCommand(CLI::App& bench, bool weight_grad) {
       weight_grad ? "grouped-matmul-weight-grad" : "grouped-matmul",
       weight_grad ? "GroupedMatmulWeightGrad GFLOP/s, plain and gathered x, vs a dense GEMM"
                   : "GroupedMatmul GFLOP/s, plain and gathered x, vs a dense GEMM");
-  cmd->add_option("--preset", o->preset,
-                  "Only this preset: S1..S4, the fused MoE backward's shapes (`gradkit bench "
-                  "moe-grad --help` lists them)");
+  AddBenchShapeOptions(*cmd, o->shape, "K (x's columns)",
+                       weight_grad ? "N (gradY's columns)" : "N (y's columns)");
   cmd->add_option("--dtype", o->dtype, "Only this dtype (f32|f16|bf16)");
   cmd->add_option("--threads", o->threads, "Threads, 0: GRADKIT_NUM_THREADS or all cores")
       ->capture_default_str();

@@ -18,6 +18,7 @@
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_plan.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_ref.h"
+#include "tools/gradkit/bench_cases.h"
 #include "tools/gradkit/cli_util.h"
 #include "tools/gradkit/commands.h"
 #include "tools/gradkit/demo.h"
@@ -268,59 +269,14 @@ void PrintMoePlan(const MoePlanOptions& o) {
 }
 
 struct MoeBenchOptions {
-  std::string preset, dtype;
-  std::optional<int64_t> batch, top_k, g, k, n;
+  BenchShapeOptions shape;
+  std::string dtype;
   int32_t threads = 0;
   bool json = false;
   double min_seconds = 0.5;
 };
 
 std::string MiB(uint64_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
-
-// The cases to measure: every preset, one preset, or a user's shape (a preset's dimensions, S1's
-// when none is named, with the options given replacing them).
-std::vector<bench::MoeGradBenchCase> MoeBenchCases(const MoeBenchOptions& o,
-                                                   std::optional<DType> dtype, int32_t threads) {
-  const std::optional<std::string> preset =
-      o.preset.empty() ? std::nullopt : std::optional<std::string>(o.preset);
-  auto cases = bench::MoeGradBenchCases(preset, dtype, threads);
-  if (preset && cases.empty()) {
-    throw CliError(fmt::format("--preset is '{}', it must be S1..S4", *preset));
-  }
-  if (!(o.batch || o.top_k || o.g || o.k || o.n)) return cases;
-  if (!preset) cases = bench::MoeGradBenchCases(std::string("S1"), dtype, threads);
-  const struct {
-    const char* option;
-    std::optional<int64_t> value;
-    int64_t limit;
-  } dims[] = {{"--batch", o.batch, int64_t{1} << 24}, {"--topk", o.top_k, 1024},
-              {"--experts", o.g, 4096}, {"--k", o.k, int64_t{1} << 20}, {"--n", o.n, int64_t{1} << 20}};
-  for (const auto& d : dims) {
-    if (d.value && (*d.value < 1 || *d.value > d.limit)) {
-      throw CliError(fmt::format("{} is {}, it must be in [1, {}]", d.option, *d.value, d.limit));
-    }
-  }
-  for (auto& c : cases) {
-    c.shape = "user";
-    c.batch = o.batch.value_or(c.batch);
-    c.top_k = o.top_k.value_or(c.top_k);
-    c.g = o.g.value_or(c.g);
-    c.k = o.k.value_or(c.k);
-    c.n = o.n.value_or(c.n);
-    c.empty_experts = std::min(c.empty_experts, c.g - 1);
-    // The buffers the benchmark allocates: gradY, weight, gradX, and the unfused [M, K] float32.
-    const double bytes = 4.0 * (static_cast<double>(c.batch) * c.top_k * (c.n + 2.0 * c.k) +
-                                static_cast<double>(c.g) * c.k * c.n + static_cast<double>(c.batch) * c.k);
-    const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
-    if (memory > 0 && bytes > 0.75 * memory) {
-      throw CliError(fmt::format("--batch {} --topk {} --experts {} --k {} --n {}: the benchmark "
-                                 "needs about {:.1f} GiB, more than 3/4 of this machine's {:.1f} GiB",
-                                 c.batch, c.top_k, c.g, c.k, c.n, bytes / (1 << 30),
-                                 memory / (1 << 30)));
-    }
-  }
-  return cases;
-}
 
 void RunMoeBench(const MoeBenchOptions& o) {
   const std::optional<DType> dtype =
@@ -330,7 +286,7 @@ void RunMoeBench(const MoeBenchOptions& o) {
     throw CliError(fmt::format("--min-time is {}, it must be in (0, 3600] seconds", o.min_seconds));
   }
   const int32_t threads = o.threads > 0 ? o.threads : gkGetNumThreads();
-  const auto cases = MoeBenchCases(o, dtype, threads);
+  const auto cases = BenchCases(o.shape, dtype, threads);
   if (!o.json) {
     std::printf("MoeInitRoutingGroupedMatmulGrad on CPU (%s, %s), %d threads; GFLOP/s = 2 M N K "
                 "per second\n",
@@ -389,6 +345,64 @@ std::string PresetHelp() {
 }
 
 }  // namespace
+
+// The cases to measure: every preset, one preset, or a user's shape (a preset's dimensions, S1's
+// when none is named, with the options given replacing them).
+std::vector<bench::MoeGradBenchCase> BenchCases(const BenchShapeOptions& o, std::optional<DType> dtype,
+                                                int32_t threads) {
+  const std::optional<std::string> preset =
+      o.preset.empty() ? std::nullopt : std::optional<std::string>(o.preset);
+  auto cases = bench::MoeGradBenchCases(preset, dtype, threads);
+  if (preset && cases.empty()) {
+    throw CliError(fmt::format("--preset is '{}', it must be S1..S4", *preset));
+  }
+  if (!(o.batch || o.top_k || o.g || o.k || o.n)) return cases;
+  if (!preset) cases = bench::MoeGradBenchCases(std::string("S1"), dtype, threads);
+  const struct {
+    const char* option;
+    std::optional<int64_t> value;
+    int64_t limit;
+  } dims[] = {{"--batch", o.batch, int64_t{1} << 24}, {"--topk", o.top_k, 1024},
+              {"--experts", o.g, 4096}, {"--k", o.k, int64_t{1} << 20}, {"--n", o.n, int64_t{1} << 20}};
+  for (const auto& d : dims) {
+    if (d.value && (*d.value < 1 || *d.value > d.limit)) {
+      throw CliError(fmt::format("{} is {}, it must be in [1, {}]", d.option, *d.value, d.limit));
+    }
+  }
+  for (auto& c : cases) {
+    c.shape = "user";
+    c.batch = o.batch.value_or(c.batch);
+    c.top_k = o.top_k.value_or(c.top_k);
+    c.g = o.g.value_or(c.g);
+    c.k = o.k.value_or(c.k);
+    c.n = o.n.value_or(c.n);
+    c.empty_experts = std::min(c.empty_experts, c.g - 1);
+    // About the buffers the benchmarks allocate (float32 bytes): M x (N + 2K) (moe-grad: gradY,
+    // the unfused [M, K] and the dense A; grouped-matmul: y, the expanded x and the dense A), the
+    // weights G x K x N, the token matrix batch x K.
+    const double bytes = 4.0 * (static_cast<double>(c.batch) * c.top_k * (c.n + 2.0 * c.k) +
+                                static_cast<double>(c.g) * c.k * c.n + static_cast<double>(c.batch) * c.k);
+    const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+    if (memory > 0 && bytes > 0.75 * memory) {
+      throw CliError(fmt::format("--batch {} --topk {} --experts {} --k {} --n {}: the benchmark "
+                                 "needs about {:.1f} GiB, more than 3/4 of this machine's {:.1f} GiB",
+                                 c.batch, c.top_k, c.g, c.k, c.n, bytes / (1 << 30),
+                                 memory / (1 << 30)));
+    }
+  }
+  return cases;
+}
+
+void AddBenchShapeOptions(CLI::App& cmd, BenchShapeOptions& o, const std::string& k_help,
+                          const std::string& n_help) {
+  cmd.add_option("--preset", o.preset, PresetHelp());
+  cmd.add_option("--batch", o.batch, "Tokens: with any of these five, one shape of yours (the "
+                 "preset's, S1's by default, for the dimensions not given)");
+  cmd.add_option("--topk", o.top_k, "Experts per token");
+  cmd.add_option("--experts", o.g, "G, the number of experts");
+  cmd.add_option("--k", o.k, k_help);
+  cmd.add_option("--n", o.n, n_help);
+}
 
 void PrintMoeGradInfo() {
   std::printf("oneDNN:     %s\n", MoeGemmHasOneDnn()
@@ -465,13 +479,8 @@ void RegisterMoeGradCommands(CommandSet& commands) {
   auto* bench_cmd = commands.bench.add_subcommand(
       "moe-grad", "MoE backward GFLOP/s vs dense GEMM, the unfused composite and libtorch");
   AddShapeMisuse(*bench_cmd);
-  bench_cmd->add_option("--preset", bench->preset, PresetHelp());
-  bench_cmd->add_option("--batch", bench->batch, "Tokens: with any of these five, one shape of yours (the "
-                        "preset's, S1's by default, for the dimensions not given)");
-  bench_cmd->add_option("--topk", bench->top_k, "Experts per token");
-  bench_cmd->add_option("--experts", bench->g, "G, the number of experts");
-  bench_cmd->add_option("--k", bench->k, "K (gradX columns, the model dimension)");
-  bench_cmd->add_option("--n", bench->n, "N (gradY columns, the expert's hidden dimension)");
+  AddBenchShapeOptions(*bench_cmd, bench->shape, "K (gradX columns, the model dimension)",
+                       "N (gradY columns, the expert's hidden dimension)");
   bench_cmd->add_option("--dtype", bench->dtype, "Only this dtype (f32|f16|bf16)");
   bench_cmd->add_option("--threads", bench->threads, "Threads, 0: GRADKIT_NUM_THREADS or all cores")
       ->capture_default_str();

@@ -180,18 +180,18 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
     }
     const void* b = w + ((g * s.n + n0) * s.k + k0) * elem;  // [N, K] rows of expert g, in place
     if (p.b_kn_tile) {  // float32 [N, K] rows copied into [K, N] rows, which the GEMM reads in place
-      GroupedMatmulTransposeBlock(s.dtype, b, s.k, cols, kr, slots.b_tile, GroupedMatmulKNTileStride(p.base_n));
+      GroupedMatmulTransposeBlock(s.dtype, b, s.k, cols, kr, slots.b_tile, p.b_tile_ld);
       return slots.gemm->PrepareBFromKN(cols, kr, slots.b_tile);
     }
     if (p.b_copied) {
       if (s.weight_nk) {  // float16 [N, K] rows: converted
         for (int64_t c = 0; c < cols; ++c) {
           MoeConvertF16ToF32(reinterpret_cast<const uint16_t*>(w + ((g * s.n + n0 + c) * s.k + k0) * elem),
-                             reinterpret_cast<float*>(slots.b_tile) + c * s.k, kr);
+                             reinterpret_cast<float*>(slots.b_tile) + c * p.b_tile_ld, kr);
         }
       } else {  // [K, N]: the block's columns become the B tile's rows
         GroupedMatmulTransposeBlock(s.dtype, w + ((g * s.k + k0) * s.n + n0) * elem, s.n, kr, cols,
-                                    slots.b_tile, s.k);
+                                    slots.b_tile, p.b_tile_ld);
       }
       b = slots.b_tile;
     }

@@ -44,6 +44,11 @@ bool MayPackBFromKN(const GroupedMatmulShape& s) {
   return s.dtype != DType::kF16 && (s.op == GroupedMatmulOp::kWeightGrad || !s.weight_nk);
 }
 
+// Forward with k-blocks: whether B is never read from [N, K] weight rows where they are (float16
+// weights are converted, [G, K, N] ones packed from their rows or transposed), so that the B tile
+// holds one k-block of a block, row stride base_k, not the whole K.
+bool BTileKBlockOnly(const GroupedMatmulShape& s) { return s.dtype == DType::kF16 || !s.weight_nk; }
+
 // Whether bfloat16 tiles run on AMX here (oneDNN's brgemm; the rules below measured there).
 bool Bf16OnAmx(DType gemm_dtype) {
   return gemm_dtype == DType::kBF16 && DetectCpuIdentity().amx_bf16;
@@ -94,14 +99,18 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   // float16 80 -> 68, one round. So: bfloat16 on AMX whenever K
   // spans k-blocks; elsewhere (float32 GEMMs, bfloat16 without AMX: unmeasured) when experts
   // average at most base_m rows (one piece), where k-blocks cost no extra pass; but not float32
-  // that the CPU reads in place (MoeF32InPlaceKNOutrunsPackedBrgemm: gemm:jit blocks K itself)
-  // up to kGroupedMatmulInPlaceMaxK. A property of the shape (and those CPU rules) whatever the
-  // weights' layout: every weight form sums in the same order.
+  // that the CPU reads in place (MoeF32InPlaceKNOutrunsPackedBrgemm: gemm:jit blocks K itself).
+  // And float32 x past kGroupedMatmulMaxWholeK, whose whole-K tiles would grow with K (float16
+  // and bfloat16 x keep the whole K there: with several pieces an expert, k-blocks prepare each
+  // B k-block once per piece, and that measured slower for them). A property of the shape (and
+  // those CPU rules) whatever the weights' layout and the thread count: every weight form sums
+  // in the same order.
   const bool one_piece_an_expert = s.m <= s.g * t.base_m;
   const bool reads_in_place = forward && s.dtype == DType::kF32 && s.n > t.base_n &&
                               MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
-  if (forward && !(reads_in_place && s.k <= kGroupedMatmulInPlaceMaxK) &&
-      s.k > kGroupedMatmulStreamBaseK && (Bf16OnAmx(t.gemm_dtype) || one_piece_an_expert)) {
+  const bool streams_by_rule = !reads_in_place && (Bf16OnAmx(t.gemm_dtype) || one_piece_an_expert);
+  const bool streams_bounded = s.dtype == DType::kF32 && s.k > kGroupedMatmulMaxWholeK;
+  if (forward && s.k > kGroupedMatmulStreamBaseK && (streams_bounded || streams_by_rule)) {
     t.base_k = kGroupedMatmulStreamBaseK;
     t.k_blocks = CeilDiv(s.k, t.base_k);
     t.last_k = s.k - (t.k_blocks - 1) * t.base_k;
@@ -134,6 +143,7 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
     g.steps = {{t.base_k, false}};
     if (t.k_blocks > 2 || t.last_k == t.base_k) g.steps.push_back({t.base_k, true});
     if (t.last_k != t.base_k) g.steps.push_back({t.last_k, true});
+    if (BTileKBlockOnly(s)) g.ldb = t.base_k;
   }
   if (s.op == GroupedMatmulOp::kWeightGrad) {
     // Rows: K blocks, all full but the last. Reduction: full chunks of base_r rows, and an
@@ -244,7 +254,10 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     p.a_tile_elems = ((a_whole_block ? 2 * p.base_m : p.a_stage_rows) + p.row_granule) * p.base_k;
     // B: a block's rows of the whole K, stride K (with k-blocks, one k-block of each row); with
     // b_kn_tile, K rows of the block's columns, stride GroupedMatmulKNTileStride.
-    p.b_tile_elems = !p.b_copied ? 0 : p.b_kn_tile ? s.k * GroupedMatmulKNTileStride(p.base_n) : p.base_n * s.k;
+    p.b_tile_ld = p.b_kn_tile ? GroupedMatmulKNTileStride(p.base_n)
+                  : k_blocked && BTileKBlockOnly(s) ? p.base_k
+                                                    : s.k;
+    p.b_tile_elems = !p.b_copied ? 0 : (p.b_kn_tile ? s.k : p.base_n) * p.b_tile_ld;
   } else {
     p.n_group_blocks = std::max<int64_t>(1, std::min(p.col_blocks, kGroupedMatmulGradGroupCols / p.base_n));
     const int64_t group_cols = std::min(s.n, p.n_group_blocks * p.base_n);
@@ -311,7 +324,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       "\"last_k\": {}, \"row_granule\": {}, \"reduce_granule\": {}, "
       "\"work_split\": {{\"row_blocks\": {}, \"last_block_rows\": {}, \"col_blocks\": {}, "
       "\"last_block_cols\": {}, \"k_group_blocks\": {}, \"n_group_blocks\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_grab\": {}}}, "
-      "\"a_copied\": {}, \"a_stage_rows\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"b_kn_tile\": {}, \"stream_out\": {}, \"threads\": {}, \"machine_threads\": {}, "
+      "\"a_copied\": {}, \"a_stage_rows\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"b_kn_tile\": {}, \"b_tile_ld\": {}, \"stream_out\": {}, \"threads\": {}, \"machine_threads\": {}, "
       "\"thread_bytes\": {}, \"workspace\": {{\"alignment\": {}, \"c_tiles\": {}, \"a_tiles\": {}, "
       "\"b_tiles\": {}, \"system\": {}, \"group_offsets\": {}, \"row_token\": {}, \"end\": {}}}, "
       "\"workspace_bytes\": {}}}",
@@ -323,7 +336,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       p.last_block_cols, p.k_group_blocks, p.n_group_blocks, p.units,
       forward ? (p.column_block_first ? "column_block_first" : "row_block_first")
               : "expert_k_group_n_group",
-      p.units_per_grab, p.a_copied, p.a_stage_rows, p.b_copied, p.b_from_kn, p.b_kn_tile, p.stream_out, p.threads, p.machine_threads, p.thread_bytes,
+      p.units_per_grab, p.a_copied, p.a_stage_rows, p.b_copied, p.b_from_kn, p.b_kn_tile, p.b_tile_ld, p.stream_out, p.threads, p.machine_threads, p.thread_bytes,
       kGroupedMatmulAlignment, region(l.c_tiles), region(l.a_tiles), region(l.b_tiles),
       region(l.system), region(l.group_offsets), region(l.row_token), l.end, p.workspace_bytes);
 }

@@ -81,13 +81,19 @@ inline constexpr uint64_t kGroupedMatmulAlignment = 512;  // every workspace reg
 // kGroupedMatmulStreamUnitsPerThread units a thread.
 inline constexpr int64_t kGroupedMatmulStreamBaseK = 256;
 inline constexpr int64_t kGroupedMatmulStreamGroupCols = 2048;
-// On CPUs that read float32 weights in place (MoeF32InPlaceKNOutrunsPackedBrgemm) shapes that
-// would stream k-blocks keep the in-place kernel up to this K. Measured on Zen 5 (session 23,
-// percent of dense, in place against streamed): S2 (K 2048) [G, K, N] 98, 97, 92, 93 against 88,
-// 84, 82, 85 ([G, N, K] 83, 81, 85, 88 against 88, 87, 83, 87); S3 (K 7168) 79, 78, 83 against 81,
-// 81, 83, where the gathered form's A tile (a whole row block of the whole K, units row block
-// first) took the workspace from 5.1 to 29.4 MiB. Past it, k-blocks.
-inline constexpr int64_t kGroupedMatmulInPlaceMaxK = 4096;
+// The longest K a float32 forward multiplies whole; past it K is always streamed in k-blocks, so
+// that a thread's tiles (a whole-K A tile of a row block, a packed B block of base_n x K, the
+// library's scratchpad for it) stay bounded whatever K: Mixtral's down projection (K 14336, 1024
+// rows an expert) took 29 MiB a thread whole (gathered x), 2.5 MiB in k-blocks, and ran as fast
+// (docs/benchmarks.md, session 24). float16 and bfloat16 x keep the whole K: k-blocks prepare a
+// B k-block once per piece of an expert, and there they ran slower (bfloat16 98 -> 91% of dense,
+// float16 73 -> 48). Up to it, CPUs that read float32 weights in place
+// (MoeF32InPlaceKNOutrunsPackedBrgemm) keep the in-place kernel where others would stream.
+// Measured on Zen 5 (session 23, percent of dense, in place against streamed): S2 (K 2048)
+// [G, K, N] 98, 97, 92, 93 against 88, 84, 82, 85 ([G, N, K] 83, 81, 85, 88 against 88, 87, 83,
+// 87); S3 (K 7168) 79, 78, 83 against 81, 81, 83, where the gathered form's A tile (a whole row
+// block of the whole K, units row block first) took the workspace from 5.1 to 29.4 MiB.
+inline constexpr int64_t kGroupedMatmulMaxWholeK = 4096;
 inline constexpr int64_t kGroupedMatmulStreamUnitsPerThread = 4;
 // Forward, A through the A tile one piece at a time (gather-fused or float16 x with units column
 // block first, and plain pieces whose padded rows would run past x's end in either order): a
@@ -182,6 +188,10 @@ struct GroupedMatmulPlan {
   int64_t c_tile_elems;  // per thread: float32 tiles of [base_m, base_n] (one, or a unit's)
   int64_t a_tile_elems;  // per thread
   int64_t b_tile_elems;  // per thread
+  // Forward: the B tile's row stride (elements): GroupedMatmulKNTileStride with b_kn_tile; with
+  // k-blocks, base_k where B always goes through the tile or is packed from [K, N] rows (float16,
+  // [G, K, N]); K otherwise. Weight grad: 0 (its tiles are [width, reduce] chunks).
+  int64_t b_tile_ld;
   int32_t threads;       // at most one per unit
   int32_t machine_threads;
   uint64_t gemm_scratchpad_bytes;

@@ -37,9 +37,12 @@ const GmmCase kCases[] = {
     {"pieces_past_row_blocks", 740, 1, 4, 24, 40, 1.0, 0.8},
     // Forward k-blocks (streamed weights: K > kGroupedMatmulStreamBaseK, experts averaging at most
     // base_m rows): 600 = 256 + 256 + 88, two row blocks, a unit of two column blocks (the last
-    // 44 wide). Float32 x on Zen 4 / Zen 5 keeps the whole K in place (kGroupedMatmulInPlaceMaxK);
+    // 44 wide). Float32 x on Zen 4 / Zen 5 keeps the whole K in place (kGroupedMatmulMaxWholeK);
     // float16 x streams there.
     {"k_blocks", 150, 2, 3, 600, 300, 1.0, 0.5},
+    // Float32 x past kGroupedMatmulMaxWholeK streams on every CPU, also with an expert of two
+    // pieces (256 + 44 rows, each preparing every B k-block): 17 k-blocks, the last 200 long.
+    {"k_past_whole_k", 300, 1, 1, kGroupedMatmulMaxWholeK + 200, 40},
     // Copied pieces in stages (gather-fused or float16 x): float32 stages of 64 rows, so the
     // expert's piece of 256 rows runs in four, and the last piece (44 rows; on oneDNN, padded
     // past x's end) in one; bfloat16 whole (only float32 GEMMs stage). Columns 256 + 40: on

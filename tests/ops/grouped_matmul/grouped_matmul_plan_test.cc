@@ -206,9 +206,10 @@ TEST(grouped_matmul_plan, CopiedPiecesInStagesOfA) {
   EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, 64);
   s.dtype = DType::kBF16;  // a bfloat16 GEMM: whole pieces
   EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, p.base_m);
-  s.dtype = DType::kF32;
-  s.k = s.routing.k = 40 * k;  // a row past the stage bytes: one granule
+  s.dtype = DType::kF16;  // a row past the stage bytes: one granule (float16: float32 x that
+  s.k = s.routing.k = 40 * k;  // long streams k-blocks, kGroupedMatmulMaxWholeK)
   EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, p.row_granule);
+  s.dtype = DType::kF32;
   s.k = s.routing.k = 8;  // short rows: the whole piece
   EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, p.base_m);
   s.k = s.routing.k = k;
@@ -346,7 +347,8 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
 
 // Forward k-blocks (streamed weights): bfloat16 on AMX whenever K spans more than one k-block,
 // otherwise when experts average at most base_m rows (float32 on CPUs that read it in place only
-// past kGroupedMatmulInPlaceMaxK); k-blocks of kGroupedMatmulStreamBaseK, units of up to
+// past kGroupedMatmulMaxWholeK), and float32 x past kGroupedMatmulMaxWholeK whatever the rows;
+// k-blocks of kGroupedMatmulStreamBaseK, units of up to
 // kGroupedMatmulStreamGroupCols columns, narrowed until each thread has
 // kGroupedMatmulStreamUnitsPerThread units.
 TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
@@ -358,7 +360,7 @@ TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
             in_place_f32 ? 1 : 2048 / bk);
   EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 16384, 2048, 768, 64, DType::kF16),
                                   Machine(2)).k_blocks, 2048 / bk);
-  const int64_t past = kGroupedMatmulInPlaceMaxK + bk;
+  const int64_t past = kGroupedMatmulMaxWholeK + bk;
   EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 16384, past, 768, 64), Machine(2)).k_blocks,
             past / bk);
   // One column block (N <= 256): nothing is read in place, k-blocks.
@@ -388,12 +390,35 @@ TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
       EXPECT_LE(wide.n_group_blocks, p.n_group_blocks);
     }
     EXPECT_EQ(MakeGroupedMatmulPlan(s, Machine(128)).n_group_blocks, 1);
-    // The tile GEMM: A dense per k-block, B where it is (row stride K, or N from [K, N] rows).
-    const MoeTileGemmShape gemm = GroupedMatmulTileGemmShape(s);
-    EXPECT_TRUE(gemm.dense_a_steps);
-    EXPECT_FALSE(gemm.dense_steps);
-    EXPECT_EQ(gemm.ldb, 7168);
-    EXPECT_EQ(gemm.steps, (std::vector<MoeTileGemmShape::Step>{{bk, false}, {bk, true}}));
+    // The tile GEMM: A dense per k-block; B where it is ([G, N, K] rows of stride K) or one
+    // k-block in the B tile (float16 converted, [G, K, N] transposed where not packed from its
+    // rows: stride base_k), and the B tile holds one k-block of a block.
+    for (bool weight_nk : {false, true}) {
+      SCOPED_TRACE(weight_nk ? "GNK" : "GKN");
+      auto sw = s;
+      sw.weight_nk = weight_nk;
+      const MoeTileGemmShape gemm = GroupedMatmulTileGemmShape(sw);
+      EXPECT_TRUE(gemm.dense_a_steps);
+      EXPECT_FALSE(gemm.dense_steps);
+      const bool tile_only = dtype == DType::kF16 || !weight_nk;
+      EXPECT_EQ(gemm.ldb, tile_only ? bk : 7168);
+      EXPECT_EQ(gemm.steps, (std::vector<MoeTileGemmShape::Step>{{bk, false}, {bk, true}}));
+      const auto pw = MakeGroupedMatmulPlan(sw, Machine(2));
+      EXPECT_EQ(pw.b_tile_ld, gemm.ldb);
+      if (pw.b_copied) EXPECT_EQ(pw.b_tile_elems, 256 * bk);
+    }
+  }
+  // Float32 x past kGroupedMatmulMaxWholeK streams with several pieces an expert too (Mixtral's
+  // down projection: 1024 rows an expert, K 14336); float16 and bfloat16 x keep the whole K
+  // there (but bfloat16 on AMX); at kGroupedMatmulMaxWholeK float32 keeps it too.
+  const int64_t whole = kGroupedMatmulMaxWholeK;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const bool streams = dtype == DType::kF32 || (dtype == DType::kBF16 && DetectCpuIdentity().amx_bf16);
+    EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 8192, 14336, 4096, 8, dtype),
+                                    Machine(2)).k_blocks, streams ? 14336 / bk : 1);
+    EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 8192, whole, 4096, 8, dtype),
+                                    Machine(2)).k_blocks, dtype == DType::kF32 ? 1 : streams ? whole / bk : 1);
   }
   // A last, shorter k-block: K = 1000 = 3 x 256 + 232.
   const auto tail = Shape(GroupedMatmulOp::kForward, 300, 1000, 500, 4, DType::kBF16);
@@ -415,6 +440,32 @@ TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
   // The weight gradient has none.
   EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 8192, 7168, 2048, 60, DType::kBF16),
                                   Machine(2)).k_blocks, 1);
+}
+
+// A float32 forward's tiles stop growing with K past kGroupedMatmulMaxWholeK, in every form
+// (plain, gathered, [G, N, K] weights) and with one piece or several an expert: a thread's bytes
+// are those of one k-block, the same at K = 4352 and at K = 65536.
+TEST(grouped_matmul_plan, Float32ThreadBytesBoundedPastTheWholeK) {
+  for (int64_t m : {int64_t{2048}, int64_t{8192}}) {  // 256 and 1024 rows an expert
+    for (int form = 0; form < 3; ++form) {
+      SCOPED_TRACE("M " + std::to_string(m) + " form " + std::to_string(form));
+      const auto at = [&](int64_t k) {
+        auto s = Shape(GroupedMatmulOp::kForward, m, k, 4096, 8);
+        s.gather_fused = form == 1;
+        s.weight_nk = form == 2;
+        return MakeGroupedMatmulPlan(s, Machine(64));
+      };
+      const auto first = at(kGroupedMatmulMaxWholeK + kGroupedMatmulStreamBaseK);
+      EXPECT_GT(first.k_blocks, 1);
+      for (int64_t k : {int64_t{7168}, int64_t{14336}, int64_t{65536}}) {
+        const auto p = at(k);
+        EXPECT_EQ(p.k_blocks, k / kGroupedMatmulStreamBaseK) << k;
+        EXPECT_EQ(p.thread_bytes, first.thread_bytes) << k;
+      }
+      // One k-block of a piece, the unit's C tiles, at most one k-block of B: 2.3 MiB.
+      EXPECT_LE(first.thread_bytes, uint64_t{3} << 20);
+    }
+  }
 }
 
 // Plans depend on the shape and the machine only; workspace per thread, index tables per M and G.
