@@ -95,6 +95,24 @@ def test_bench_moe_grad_takes_a_users_shape(cli):
     assert row["unfused_bytes"] <= 96 * 2 * 80 * 4  # [M, K] float32 with M <= batch * topk
 
 
+@pytest.mark.parametrize("op", ["grouped-matmul", "grouped-matmul-weight-grad"])
+def test_bench_grouped_matmul_takes_a_users_shape(cli, op):
+    r = cli("bench", op, "--batch", 96, "--topk", 2, "--experts", 3, "--k", 80, "--n", 48,
+            "--dtype", "f32", "--threads", 1, "--json", "--min-time", "0.01")
+    row = json.loads(r.stdout.strip().splitlines()[-1])
+    assert row["shape"] == "user" and row["plain_gflops"] > 0
+    assert (row["batch"], row["topK"], row["G"], row["K"], row["N"]) == (96, 2, 3, 80, 48)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--preset", "S9"], "--preset is 'S9'"),
+    (["--k", "0"], "--k is 0"),
+    (["--experts", "5000"], "--experts is 5000"),
+])
+def test_bench_grouped_matmul_refuses_bad_shapes(cli, args, needle):
+    one_error(cli("bench", "grouped-matmul", *args, check=False), needle)
+
+
 def test_bench_moe_grad_help_lists_the_presets(cli):
     out = cli("bench", "moe-grad", "--help").stdout
     for preset in ("S1", "S2", "S3", "S4"):
