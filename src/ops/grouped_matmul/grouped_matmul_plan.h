@@ -84,8 +84,9 @@ inline constexpr int64_t kGroupedMatmulStreamGroupCols = 2048;
 // The longest K a float32 forward multiplies whole; past it K is always streamed in k-blocks, so
 // that a thread's tiles (a whole-K A tile of a row block, a packed B block of base_n x K, the
 // library's scratchpad for it) stay bounded whatever K: Mixtral's down projection (K 14336, 1024
-// rows an expert) took 29 MiB a thread whole (gathered x), 2.5 MiB in k-blocks, and ran as fast
-// (docs/benchmarks.md, session 24). float16 and bfloat16 x keep the whole K: k-blocks prepare a
+// rows an expert) took 17-29 MiB a thread whole, 2.5 MiB in k-blocks; gathered x ran as fast,
+// plain [G, K, N] 84-86 -> 86-88% of dense, plain [G, N, K] 93 -> 83 in its one round (Zen 5,
+// docs/benchmarks.md, session 24). float16 and bfloat16 x keep the whole K: k-blocks prepare a
 // B k-block once per piece of an expert, and there they ran slower (bfloat16 98 -> 91% of dense,
 // float16 73 -> 48). Up to it, CPUs that read float32 weights in place
 // (MoeF32InPlaceKNOutrunsPackedBrgemm) keep the in-place kernel where others would stream.
