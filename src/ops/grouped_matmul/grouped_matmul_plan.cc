@@ -36,6 +36,10 @@ struct Tiles {
   // more than one column block (so no block's [K, N] rows are dense), a CPU of
   // MoeF32InPlaceKNOutrunsPackedBrgemm.
   bool b_in_place;
+  // Forward: the row stride of B's [N, K] rows the GEMM reads (in place, or copied into the B
+  // tile): K, or base_k with k-blocks where B is never read from the weights' [N, K] rows
+  // (BTileKBlockOnly), so that the B tile holds one k-block. Weight grad: reduce (unused there).
+  int64_t ldb;
 };
 
 // Whether B may be packed by the GEMM straight from rows of [reduce, width] (row stride N):
@@ -117,6 +121,7 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
     t.n_group_blocks = std::clamp<int64_t>(kGroupedMatmulStreamGroupCols / t.base_n, 1, t.col_blocks);
   }
   t.b_in_place = reads_in_place && t.k_blocks == 1;
+  t.ldb = t.k_blocks > 1 && BTileKBlockOnly(s) ? t.base_k : t.reduce;
   return t;
 }
 
@@ -134,16 +139,16 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
   // with padded rows, which would spare the transposed copy its cache-set conflicts at
   // power-of-two K, runs on oneDNN 2.6's gemm:jit instead of brgemm: measured slower.)
   g.lda = t.reduce;
-  g.ldb = t.reduce;
+  g.ldb = t.ldb;
   g.widths = {t.base_n};
   if (t.last_block_cols != t.base_n) g.widths.push_back(t.last_block_cols);
   g.steps = {{t.reduce, false}};
-  if (t.k_blocks > 1) {  // forward k-blocks: A copied dense per k-block, B where it is
+  if (t.k_blocks > 1) {  // forward k-blocks: A copied dense per k-block, B where it is (or one
+                         // k-block of it in the B tile, Tiles::ldb)
     g.dense_a_steps = true;
     g.steps = {{t.base_k, false}};
     if (t.k_blocks > 2 || t.last_k == t.base_k) g.steps.push_back({t.base_k, true});
     if (t.last_k != t.base_k) g.steps.push_back({t.last_k, true});
-    if (BTileKBlockOnly(s)) g.ldb = t.base_k;
   }
   if (s.op == GroupedMatmulOp::kWeightGrad) {
     // Rows: K blocks, all full but the last. Reduction: full chunks of base_r rows, and an
@@ -254,9 +259,7 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     p.a_tile_elems = ((a_whole_block ? 2 * p.base_m : p.a_stage_rows) + p.row_granule) * p.base_k;
     // B: a block's rows of the whole K, stride K (with k-blocks, one k-block of each row); with
     // b_kn_tile, K rows of the block's columns, stride GroupedMatmulKNTileStride.
-    p.b_tile_ld = p.b_kn_tile ? GroupedMatmulKNTileStride(p.base_n)
-                  : k_blocked && BTileKBlockOnly(s) ? p.base_k
-                                                    : s.k;
+    p.b_tile_ld = p.b_kn_tile ? GroupedMatmulKNTileStride(p.base_n) : t.ldb;
     p.b_tile_elems = !p.b_copied ? 0 : (p.b_kn_tile ? s.k : p.base_n) * p.b_tile_ld;
   } else {
     p.n_group_blocks = std::max<int64_t>(1, std::min(p.col_blocks, kGroupedMatmulGradGroupCols / p.base_n));
