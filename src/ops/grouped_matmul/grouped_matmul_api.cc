@@ -198,39 +198,56 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
     return slots.gemm->PrepareB(cols, kr, b);
   }
 
-  // Streamed weights: the unit's column blocks [nb0, nb1) for the pieces of one row block, K
-  // in k-blocks summed in ascending order into one C tile per column block. Each k-block of a
-  // piece's A is copied once (dense, as the GEMM takes it) for all the unit's column blocks, and
-  // each B k-block prepared for that one piece.
-  void RunKBlockedUnit(int64_t row_block, int64_t n_group, const Tables& tables,
+  // Streamed weights: the unit's column blocks [nb0, nb1) for the pieces whose first row is in
+  // its row group, expert by expert, K in k-blocks summed in ascending order into one C tile per
+  // (piece, column block). Each k-block of the expert's pieces is copied once (dense, as the GEMM
+  // takes it) for all the unit's column blocks, and each B k-block prepared once for all the
+  // pieces.
+  void RunKBlockedUnit(int64_t row_group, int64_t n_group, const Tables& tables,
                        ThreadSlots& slots) const {
     const GroupedMatmulPlan& p = plan_;
     const GroupedMatmulShape& s = p.shape;
     const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
     const int64_t out_elem = ElementBytes(s.out_dtype);
-    const int64_t r0 = row_block * p.base_m;
-    const int64_t r1 = std::min(s.m, r0 + p.base_m);
+    const int64_t r0 = row_group * p.m_group_blocks * p.base_m;
+    const int64_t r1 = std::min(s.m, r0 + p.m_group_blocks * p.base_m);
     const int64_t nb0 = ColumnGroup(n_group).first, nb1 = ColumnGroup(n_group).second;
     const int64_t tile_elems = p.base_m * p.base_n;
-    ForEachPiece(r0, r1, tables.group_offsets, [&](int64_t g, int64_t s0, int64_t s1) {
-      const int64_t rows = PaddedRows(s1 - s0);
+    const int64_t group_tiles = nb1 - nb0;
+    ForEachPieces(r0, r1, tables.group_offsets, [&](int64_t g, int64_t q0, int64_t q1) {
+      const int64_t pieces = (q1 - q0 + p.base_m - 1) / p.base_m;
+      // Piece j: rows [q0 + j base_m, ...), its A k-block at row j base_m of the A tile.
+      const auto piece_rows = [&](int64_t j) { return std::min(p.base_m, q1 - q0 - j * p.base_m); };
       for (int64_t kb = 0; kb < p.k_blocks; ++kb) {
         const int64_t k0 = kb * p.base_k;
         const int64_t kr = kb == p.k_blocks - 1 ? p.last_k : p.base_k;
-        for (int64_t i = s0; i < s1; ++i) CopyARow(tables, i, k0, kr, slots.a_tile + (i - s0) * kr * gemm_elem);
-        std::memset(slots.a_tile + (s1 - s0) * kr * gemm_elem, 0,
-                    static_cast<size_t>((rows - (s1 - s0)) * kr * gemm_elem));
+        for (int64_t j = 0; j < pieces; ++j) {
+          char* a = slots.a_tile + j * p.base_m * kr * gemm_elem;
+          const int64_t rows = piece_rows(j);
+          for (int64_t i = 0; i < rows; ++i) {
+            CopyARow(tables, q0 + j * p.base_m + i, k0, kr, a + i * kr * gemm_elem);
+          }
+          std::memset(a + rows * kr * gemm_elem, 0,
+                      static_cast<size_t>((PaddedRows(rows) - rows) * kr * gemm_elem));
+        }
         for (int64_t nb = nb0; nb < nb1; ++nb) {
           const void* b = PrepareWeights(g, nb, k0, kr, slots);
-          slots.gemm->Run(rows, BlockCols(nb), kr, /*accumulate=*/kb > 0, slots.a_tile, b,
-                          slots.c_tile + (nb - nb0) * tile_elems);
+          for (int64_t j = 0; j < pieces; ++j) {
+            slots.gemm->Run(PaddedRows(piece_rows(j)), BlockCols(nb), kr, /*accumulate=*/kb > 0,
+                            slots.a_tile + j * p.base_m * kr * gemm_elem, b,
+                            slots.c_tile + (j * group_tiles + nb - nb0) * tile_elems);
+          }
         }
       }
       char* y = TensorBase(out_);
-      for (int64_t nb = nb0; nb < nb1; ++nb) {
-        for (int64_t i = s0; i < s1; ++i) {
-          GroupedMatmulStoreRow(slots.c_tile + (nb - nb0) * tile_elems + (i - s0) * p.base_n,
-                                y + (i * s.n + nb * p.base_n) * out_elem, s.out_dtype, BlockCols(nb));
+      for (int64_t j = 0; j < pieces; ++j) {
+        for (int64_t nb = nb0; nb < nb1; ++nb) {
+          const float* c = slots.c_tile + (j * group_tiles + nb - nb0) * tile_elems;
+          for (int64_t i = 0; i < piece_rows(j); ++i) {
+            GroupedMatmulStoreRow(c + i * p.base_n,
+                                  y + ((q0 + j * p.base_m + i) * s.n + nb * p.base_n) * out_elem,
+                                  s.out_dtype, BlockCols(nb));
+          }
         }
       }
     });
@@ -240,17 +257,20 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
   // and each piece belongs to the row block holding its first row: a piece may run up to
   // base_m - 1 rows past its block, but no expert's rows are cut where blocks meet, so each
   // piece's GEMM reads its B block once for as many rows as it can (an expert of 136 rows cut
-  // by a block boundary would read its weights twice, for 136 rows in all). The pieces of
-  // [r0, r1): at most one per expert (pieces and blocks are base_m rows), ascending experts.
+  // by a block boundary would read its weights twice, for 136 rows in all). The pieces whose
+  // first row is in [r0, r1) (whole row blocks), expert by expert, ascending: for each expert
+  // with any, visit(g, q0, q1), its rows [q0, q1) cut into pieces of base_m from q0 (where one
+  // of its pieces starts), at most one piece for each row block; one piece for one row block.
   template <class Visit>
-  void ForEachPiece(int64_t r0, int64_t r1, const int64_t* off, Visit visit) const {
+  void ForEachPieces(int64_t r0, int64_t r1, const int64_t* off, Visit visit) const {
     const GroupedMatmulPlan& p = plan_;
     const GroupedMatmulShape& s = p.shape;
-    // Only the expert holding r0 starts before the block and may have a piece in it.
     for (int64_t g = std::upper_bound(off, off + s.g + 1, r0) - off - 1; g < s.g && off[g] < r1; ++g) {
       const int64_t behind = std::max<int64_t>(0, r0 - off[g]);
-      const int64_t p0 = off[g] + (behind + p.base_m - 1) / p.base_m * p.base_m;
-      if (p0 < r1 && p0 < off[g + 1]) visit(g, p0, std::min(p0 + p.base_m, off[g + 1]));
+      const int64_t q0 = off[g] + (behind + p.base_m - 1) / p.base_m * p.base_m;
+      if (q0 >= r1 || q0 >= off[g + 1]) continue;
+      const int64_t last = q0 + (r1 - 1 - q0) / p.base_m * p.base_m;  // the last piece starting < r1
+      visit(g, q0, std::min(last + p.base_m, off[g + 1]));
     }
   }
 
@@ -275,13 +295,13 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
     const bool a_whole_block = p.a_copied && !p.column_block_first;
     if (a_whole_block && slots.a_block != row_block) {
       int64_t r_end = r0;
-      ForEachPiece(r0, r1, off, [&](int64_t, int64_t, int64_t q1) { r_end = std::max(r_end, q1); });
+      ForEachPieces(r0, r1, off, [&](int64_t, int64_t, int64_t q1) { r_end = std::max(r_end, q1); });
       for (int64_t i = r0; i < r_end; ++i) copy_row(i, i - r0);
       std::memset(slots.a_tile + (r_end - r0) * s.k * gemm_elem, 0,
                   static_cast<size_t>(p.row_granule * s.k * gemm_elem));
       slots.a_block = row_block;
     }
-    ForEachPiece(r0, r1, off, [&](int64_t g, int64_t s0, int64_t s1) {
+    ForEachPieces(r0, r1, off, [&](int64_t g, int64_t s0, int64_t s1) {
       // B of (expert g, column block), prepared once for all the row blocks the thread runs in
       // a row.
       if (slots.b_expert != g || slots.b_col != col_block) {

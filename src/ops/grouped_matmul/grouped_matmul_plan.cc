@@ -104,16 +104,16 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   // spans k-blocks; elsewhere (float32 GEMMs, bfloat16 without AMX: unmeasured) when experts
   // average at most base_m rows (one piece), where k-blocks cost no extra pass; but not float32
   // that the CPU reads in place (MoeF32InPlaceKNOutrunsPackedBrgemm: gemm:jit blocks K itself).
-  // And float32 x past kGroupedMatmulMaxWholeK, whose whole-K tiles would grow with K (float16
-  // and bfloat16 x keep the whole K there: with several pieces an expert, k-blocks prepare each
-  // B k-block once per piece, and that measured slower for them). A property of the shape (and
+  // And float32 and float16 x past kGroupedMatmulMaxWholeK, whose whole-K tiles would grow with
+  // K (units of several row blocks prepare each B k-block once for an expert's pieces there;
+  // bfloat16 x keeps the whole K, where k-blocks measured slower). A property of the shape (and
   // those CPU rules) whatever the weights' layout and the thread count: every weight form sums
   // in the same order.
   const bool one_piece_an_expert = s.m <= s.g * t.base_m;
   const bool reads_in_place = forward && s.dtype == DType::kF32 && s.n > t.base_n &&
                               MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
   const bool streams_by_rule = !reads_in_place && (Bf16OnAmx(t.gemm_dtype) || one_piece_an_expert);
-  const bool streams_bounded = s.dtype == DType::kF32 && s.k > kGroupedMatmulMaxWholeK;
+  const bool streams_bounded = s.dtype != DType::kBF16 && s.k > kGroupedMatmulMaxWholeK;
   if (forward && s.k > kGroupedMatmulStreamBaseK && (streams_bounded || streams_by_rule)) {
     t.base_k = kGroupedMatmulStreamBaseK;
     t.k_blocks = CeilDiv(s.k, t.base_k);
@@ -229,12 +229,28 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     const bool k_blocked = p.k_blocks > 1;
     // With k-blocks, a unit's column blocks change no output bit (each C tile sums its k-blocks
     // in the same order whichever unit runs it): narrower units where the machine needs more.
+    // So do its row blocks: as many as the pieces of an average expert (up to
+    // kGroupedMatmulStreamGroupRowBlocks), each B k-block then prepared once for all of them;
+    // the column blocks halved while the unit's C tiles pass kGroupedMatmulGradGroupElems; then,
+    // while the machine has fewer than kGroupedMatmulStreamUnitsPerThread units a thread, the
+    // wider of the two halved (columns first: a column block fewer costs an A k-block copy, a row
+    // block fewer a B k-block preparation, the costlier one).
     p.n_group_blocks = t.n_group_blocks;
-    while (p.n_group_blocks > 1 &&
-           p.row_blocks * p.NGroups() < kGroupedMatmulStreamUnitsPerThread * machine.threads) {
-      p.n_group_blocks = (p.n_group_blocks + 1) / 2;
+    p.m_group_blocks = 1;
+    if (k_blocked) {
+      p.m_group_blocks = std::clamp<int64_t>(CeilDiv(s.m, std::max<int64_t>(s.g, 1) * p.base_m), 1,
+                                             std::min(kGroupedMatmulStreamGroupRowBlocks, p.row_blocks));
+      while (p.n_group_blocks > 1 &&
+             p.m_group_blocks * p.n_group_blocks * p.base_m * p.base_n > kGroupedMatmulGradGroupElems) {
+        p.n_group_blocks = (p.n_group_blocks + 1) / 2;
+      }
     }
-    p.units = s.m == 0 ? 0 : p.row_blocks * p.NGroups();
+    while ((p.n_group_blocks > 1 || p.m_group_blocks > 1) &&
+           p.MGroups() * p.NGroups() < kGroupedMatmulStreamUnitsPerThread * machine.threads) {
+      int64_t& wider = p.n_group_blocks >= p.m_group_blocks ? p.n_group_blocks : p.m_group_blocks;
+      wider = (wider + 1) / 2;
+    }
+    p.units = s.m == 0 ? 0 : p.MGroups() * p.NGroups();
     p.a_copied = s.gather_fused || s.dtype == DType::kF16 || k_blocked;
     p.b_kn_tile = s.weight_nk && machine.reads_b_in_place;
     p.b_copied = s.dtype == DType::kF16 || (!s.weight_nk && !p.b_from_kn) || p.b_kn_tile;
@@ -243,10 +259,11 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     // one expert, so it is the one kept across units. With k-blocks no B is kept: each is
     // prepared for one piece, the piece's A k-block copied once for the unit's column blocks.
     p.column_block_first = !k_blocked && (p.b_copied || machine.packs_b);
-    p.c_tile_elems = p.n_group_blocks * p.base_m * p.base_n;
+    p.c_tile_elems = p.m_group_blocks * p.n_group_blocks * p.base_m * p.base_n;
     // A: one stage of a piece of an expert's rows (a_stage_rows, at most base_m) and the padding
-    // its GEMM reads past it (with k-blocks: one k-block of a whole piece); copied A with units
-    // row block first: the pieces of a row block, which may run up to base_m - 1 rows past it.
+    // its GEMM reads past it (with k-blocks: one k-block of an expert's pieces in a unit, at most
+    // one a row block); copied A with units row block first: the pieces of a row block, which may
+    // run up to base_m - 1 rows past it.
     const bool a_whole_block = p.a_copied && !p.column_block_first && !k_blocked;
     // A piece copied by itself (column block first, or a piece whose padded rows would run past
     // x) goes in stages of whole granules, float32 GEMMs only (see kGroupedMatmulAStageBytes).
@@ -256,12 +273,14 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     p.a_stage_rows = a_whole_block || k_blocked || p.gemm_dtype != DType::kF32
                          ? p.base_m
                          : std::clamp(stage_rows, p.row_granule, p.base_m);
-    p.a_tile_elems = ((a_whole_block ? 2 * p.base_m : p.a_stage_rows) + p.row_granule) * p.base_k;
+    p.a_tile_elems =
+        ((a_whole_block ? 2 * p.base_m : p.m_group_blocks * p.a_stage_rows) + p.row_granule) * p.base_k;
     // B: a block's rows of the whole K, stride K (with k-blocks, one k-block of each row); with
     // b_kn_tile, K rows of the block's columns, stride GroupedMatmulKNTileStride.
     p.b_tile_ld = p.b_kn_tile ? GroupedMatmulKNTileStride(p.base_n) : t.ldb;
     p.b_tile_elems = !p.b_copied ? 0 : (p.b_kn_tile ? s.k : p.base_n) * p.b_tile_ld;
   } else {
+    p.m_group_blocks = 1;
     p.n_group_blocks = std::max<int64_t>(1, std::min(p.col_blocks, kGroupedMatmulGradGroupCols / p.base_n));
     const int64_t group_cols = std::min(s.n, p.n_group_blocks * p.base_n);
     p.k_group_blocks = std::clamp<int64_t>(kGroupedMatmulGradGroupElems / (p.base_m * group_cols), 1,
@@ -326,7 +345,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       "{}\"base_m\": {}, \"base_n\": {}, \"reduce\": {}, \"base_k\": {}, \"k_blocks\": {}, "
       "\"last_k\": {}, \"row_granule\": {}, \"reduce_granule\": {}, "
       "\"work_split\": {{\"row_blocks\": {}, \"last_block_rows\": {}, \"col_blocks\": {}, "
-      "\"last_block_cols\": {}, \"k_group_blocks\": {}, \"n_group_blocks\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_grab\": {}}}, "
+      "\"last_block_cols\": {}, \"k_group_blocks\": {}, \"m_group_blocks\": {}, \"n_group_blocks\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_grab\": {}}}, "
       "\"a_copied\": {}, \"a_stage_rows\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"b_kn_tile\": {}, \"b_tile_ld\": {}, \"stream_out\": {}, \"threads\": {}, \"machine_threads\": {}, "
       "\"thread_bytes\": {}, \"workspace\": {{\"alignment\": {}, \"c_tiles\": {}, \"a_tiles\": {}, "
       "\"b_tiles\": {}, \"system\": {}, \"group_offsets\": {}, \"row_token\": {}, \"end\": {}}}, "
@@ -336,7 +355,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       routing, GroupListTypeName(s.routing.group_list_type),
       forward ? fmt::format("\"weight_layout\": \"{}\", ", s.weight_nk ? "GNK" : "GKN") : "",
       p.base_m, p.base_n, p.reduce, p.base_k, p.k_blocks, p.last_k, p.row_granule, p.reduce_granule, p.row_blocks, p.last_block_rows, p.col_blocks,
-      p.last_block_cols, p.k_group_blocks, p.n_group_blocks, p.units,
+      p.last_block_cols, p.k_group_blocks, p.m_group_blocks, p.n_group_blocks, p.units,
       forward ? (p.column_block_first ? "column_block_first" : "row_block_first")
               : "expert_k_group_n_group",
       p.units_per_grab, p.a_copied, p.a_stage_rows, p.b_copied, p.b_from_kn, p.b_kn_tile, p.b_tile_ld, p.stream_out, p.threads, p.machine_threads, p.thread_bytes,

@@ -24,13 +24,16 @@
 // over the rows of x, where B's pass serves only one expert's rows); otherwise row block first,
 // so a gathered A serves every column block.
 // Streamed weights (k_blocks > 1, the rule in ChooseTiles): K is cut into k-blocks of base_k and
-// a unit is (row block) x (n_group_blocks column blocks), row block first. For each piece and
-// each k-block in ascending order, the piece's A k-block is copied dense into the A tile once,
-// then for each of the unit's column blocks B's k-block is prepared (packed: it stays in L2) and
-//   C_nb[rows, cols] (+)= x(rows)[:, k0:k0+kr] * W[g][k0:k0+kr, cols]      (float32)
-// (the first k-block writes); after the last one the C tiles are rounded into y. Nothing is kept
-// across units. How many column blocks a unit spans changes no output bit (each C tile sums the
-// same calls in the same order), so it narrows on machines with many threads.
+// a unit is (m_group_blocks row blocks) x (n_group_blocks column blocks), row group first; it
+// runs the pieces whose first row it holds, expert by expert. For each expert and each k-block
+// in ascending order, the k-block of each of the expert's pieces is copied dense into the A tile
+// once, then for each of the unit's column blocks B's k-block is prepared (packed: it stays in
+// L2) once for all those pieces and
+//   C_piece,nb[rows, cols] (+)= x(rows)[:, k0:k0+kr] * W[g][k0:k0+kr, cols]   (float32)
+// (the first k-block writes); after the last one the expert's C tiles are rounded into y.
+// Nothing is kept across experts or units. How many row and column blocks a unit spans changes
+// no output bit (each piece's C tile sums the same calls in the same order), so units narrow on
+// machines with many threads.
 //
 // GroupedMatmulWeightGrad: gradWeight is cut into tiles of (expert g) x (block of base_m of K) x
 // (block of base_n of N). Each tile sums its expert's rows in chunks of base_r rows, ascending
@@ -81,14 +84,19 @@ inline constexpr uint64_t kGroupedMatmulAlignment = 512;  // every workspace reg
 // kGroupedMatmulStreamUnitsPerThread units a thread.
 inline constexpr int64_t kGroupedMatmulStreamBaseK = 256;
 inline constexpr int64_t kGroupedMatmulStreamGroupCols = 2048;
-// The longest K a float32 forward multiplies whole; past it K is always streamed in k-blocks, so
-// that a thread's tiles (a whole-K A tile of a row block, a packed B block of base_n x K, the
-// library's scratchpad for it) stay bounded whatever K: Mixtral's down projection (K 14336, 1024
-// rows an expert) took 17-29 MiB a thread whole, 2.5 MiB in k-blocks; gathered x ran as fast,
-// plain [G, K, N] 84-86 -> 86-88% of dense, plain [G, N, K] 93 -> 83 in its one round (Zen 5,
-// docs/benchmarks.md, session 24). float16 and bfloat16 x keep the whole K: k-blocks prepare a
-// B k-block once per piece of an expert, and there they ran slower (bfloat16 98 -> 91% of dense,
-// float16 73 -> 48). Up to it, CPUs that read float32 weights in place
+// ... and up to this many row blocks, as many as the pieces of an average expert (each B k-block
+// is then prepared once for all of them, as the whole K prepares a B block once for an expert's
+// row blocks), while the unit's float32 C tiles stay within kGroupedMatmulGradGroupElems.
+inline constexpr int64_t kGroupedMatmulStreamGroupRowBlocks = 4;
+// The longest K a float32 or float16 forward multiplies whole; past it K is always streamed in
+// k-blocks, so that a thread's tiles (a whole-K A tile of a row block, a packed or converted B
+// block of base_n x K, the library's scratchpad for it) stay bounded whatever K. Mixtral's down
+// projection (K 14336, 1024 rows an expert, 2 threads, Zen 5, docs/benchmarks.md, session 26),
+// percent of dense, two rounds: float32 [G, K, N] 84, 86 with units of one row block -> 91, 92
+// with units of an expert's four (kGroupedMatmulStreamGroupRowBlocks), [G, N, K] 82, 87 -> 83,
+// 95 (whole K, session 24: 84-86 and 93); float16 whole K 74, 72 (60 MiB of workspace) -> 81,
+// 82 (11 MiB). bfloat16 x keeps the whole K: 100, 96 whole -> 90, 85 in k-blocks (29 -> 9 MiB),
+// so its tiles still grow with K (grouped_matmul.md, Limits). Up to it, CPUs that read float32 weights in place
 // (MoeF32InPlaceKNOutrunsPackedBrgemm) keep the in-place kernel where others would stream.
 // Measured on Zen 5 (session 23, percent of dense, in place against streamed): S2 (K 2048)
 // [G, K, N] 98, 97, 92, 93 against 88, 84, 82, 85 ([G, N, K] 83, 81, 85, 88 against 88, 87, 83,
@@ -169,7 +177,8 @@ struct GroupedMatmulPlan {
   int64_t last_block_cols;
   int64_t k_group_blocks;  // weight grad: K blocks per unit (forward: 1)
   int64_t n_group_blocks;  // column blocks per unit (forward: 1 but with k-blocks)
-  int64_t units;         // forward: row_blocks * n groups; weight grad: G * k groups * n groups
+  int64_t m_group_blocks;  // forward with k-blocks: row blocks per unit (otherwise 1)
+  int64_t units;         // forward: m groups * n groups; weight grad: G * k groups * n groups
   bool column_block_first;  // forward: units ordered (column block, row block): B copied or packed
   bool a_copied;         // forward: A always goes through the A tile (gather-fused or float16)
   // Forward: rows of a piece copied and multiplied at a time where the piece goes through the A
@@ -203,6 +212,7 @@ struct GroupedMatmulPlan {
   int64_t units_per_grab;  // consecutive units a thread takes at a time (keeps its copied tiles warm)
   int64_t Grabs() const { return (units + units_per_grab - 1) / units_per_grab; }
   int64_t KGroups() const { return (row_blocks + k_group_blocks - 1) / k_group_blocks; }
+  int64_t MGroups() const { return (row_blocks + m_group_blocks - 1) / m_group_blocks; }
   int64_t NGroups() const { return (col_blocks + n_group_blocks - 1) / n_group_blocks; }
   bool operator==(const GroupedMatmulPlan&) const = default;
 };

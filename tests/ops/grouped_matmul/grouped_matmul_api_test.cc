@@ -329,12 +329,15 @@ TEST(grouped_matmul_api, WeightGradAddIsTheSumAddedOnce) {
 
 // Determinism: the same bytes on every run and for 1, 2, 3 and 4 threads, with random inputs.
 // The cases have many units, both unit orders of the forward pass, and several chunks; the last
-// one forward k-blocks whose units span 3, 2, 1 and 1 column blocks at 1, 2, 3 and 4 threads
-// (kGroupedMatmulStreamUnitsPerThread; grouped_matmul_plan.StreamedWeightsInKBlocks).
+// third forward k-blocks whose units span 3, 2, 1 and 1 column blocks at 1, 2, 3 and 4 threads
+// (kGroupedMatmulStreamUnitsPerThread; grouped_matmul_plan.StreamedWeightsInKBlocks); the last
+// K past kGroupedMatmulMaxWholeK, experts of ~520 rows (three pieces each), whose units span two
+// row blocks at 1 thread and one at 2-4 (grouped_matmul_plan.KBlockedUnitsSpanAnExpertsPieces).
 TEST(grouped_matmul_api, BitIdenticalAcrossRunsAndThreadCounts) {
   const GmmCase cases[] = {{"many_units", 400, 3, 9, 100, 600, 0.9},
                            {"long_experts", 900, 1, 3, 300, 70},
-                           {"k_block_units", 300, 2, 5, 520, 1100, 0.9}};
+                           {"k_block_units", 300, 2, 5, 520, 1100, 0.9},
+                           {"k_block_row_groups", 780, 2, 3, kGroupedMatmulMaxWholeK + 100, 40}};
   for (const GmmCase& c : cases) {
     for (DType dtype : kDTypes) {
       const GmmInputs in = MakeGmmInputs(c, dtype, GmmValues::kRandom);

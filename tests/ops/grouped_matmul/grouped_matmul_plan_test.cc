@@ -206,9 +206,10 @@ TEST(grouped_matmul_plan, CopiedPiecesInStagesOfA) {
   EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, 64);
   s.dtype = DType::kBF16;  // a bfloat16 GEMM: whole pieces
   EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, p.base_m);
-  s.dtype = DType::kF16;  // a row past the stage bytes: one granule (float16: float32 x that
-  s.k = s.routing.k = 40 * k;  // long streams k-blocks, kGroupedMatmulMaxWholeK)
-  EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, p.row_granule);
+  s.dtype = DType::kF16;  // rows past the stage bytes are past kGroupedMatmulMaxWholeK too:
+  s.k = s.routing.k = 40 * k;  // k-blocks, a k-block of a whole piece at a time
+  EXPECT_GT(MakeGroupedMatmulPlan(s, packing).k_blocks, 1);
+  EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, p.base_m);
   s.dtype = DType::kF32;
   s.k = s.routing.k = 8;  // short rows: the whole piece
   EXPECT_EQ(MakeGroupedMatmulPlan(s, packing).a_stage_rows, p.base_m);
@@ -408,17 +409,18 @@ TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
       if (pw.b_copied) EXPECT_EQ(pw.b_tile_elems, 256 * bk);
     }
   }
-  // Float32 x past kGroupedMatmulMaxWholeK streams with several pieces an expert too (Mixtral's
-  // down projection: 1024 rows an expert, K 14336); float16 and bfloat16 x keep the whole K
-  // there (but bfloat16 on AMX); at kGroupedMatmulMaxWholeK float32 keeps it too.
+  // Float32 and float16 x past kGroupedMatmulMaxWholeK stream with several pieces an expert too
+  // (Mixtral's down projection: 1024 rows an expert, K 14336); bfloat16 x keeps the whole K
+  // there (but on AMX); at kGroupedMatmulMaxWholeK float32 keeps it too.
   const int64_t whole = kGroupedMatmulMaxWholeK;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));
-    const bool streams = dtype == DType::kF32 || (dtype == DType::kBF16 && DetectCpuIdentity().amx_bf16);
+    const bool streams = dtype != DType::kBF16 || DetectCpuIdentity().amx_bf16;
     EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 8192, 14336, 4096, 8, dtype),
                                     Machine(2)).k_blocks, streams ? 14336 / bk : 1);
     EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 8192, whole, 4096, 8, dtype),
-                                    Machine(2)).k_blocks, dtype == DType::kF32 ? 1 : streams ? whole / bk : 1);
+                                    Machine(2)).k_blocks,
+              dtype == DType::kBF16 && DetectCpuIdentity().amx_bf16 ? whole / bk : 1);
   }
   // A last, shorter k-block: K = 1000 = 3 x 256 + 232.
   const auto tail = Shape(GroupedMatmulOp::kForward, 300, 1000, 500, 4, DType::kBF16);
@@ -442,17 +444,86 @@ TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
                                   Machine(2)).k_blocks, 1);
 }
 
-// A float32 forward's tiles stop growing with K past kGroupedMatmulMaxWholeK, in every form
-// (plain, gathered, [G, N, K] weights) and with one piece or several an expert: a thread's bytes
-// are those of one k-block, the same at K = 4352 and at K = 65536.
+// Forward k-blocks: a unit spans as many row blocks as an average expert has pieces (up to
+// kGroupedMatmulStreamGroupRowBlocks), so that each B k-block is prepared once for all of them,
+// and its float32 C tiles (one per row block and column block) stay within
+// kGroupedMatmulGradGroupElems; units narrow, the wider side first, until each thread has
+// kGroupedMatmulStreamUnitsPerThread of them (or a unit is one tile).
+TEST(grouped_matmul_plan, KBlockedUnitsSpanAnExpertsPieces) {
+  const int64_t past = kGroupedMatmulMaxWholeK + kGroupedMatmulStreamBaseK;
+  // Mixtral 8x7B's down projection at 4096 tokens: 1024 rows an expert (four pieces), N 4096
+  // (16 column blocks): four row blocks, columns halved from 8 to 4 (16 tiles of 256 KiB).
+  const auto mixtral = Shape(GroupedMatmulOp::kForward, 8192, 14336, 4096, 8);
+  const auto p = MakeGroupedMatmulPlan(mixtral, Machine(2));
+  ASSERT_GT(p.k_blocks, 1);
+  EXPECT_EQ(p.m_group_blocks, 4);
+  EXPECT_EQ(p.n_group_blocks, 4);
+  EXPECT_EQ(p.units, (32 / 4) * (16 / 4));
+  EXPECT_EQ(p.c_tile_elems, 4 * 4 * 256 * 256);
+  EXPECT_EQ(p.a_tile_elems, (4 * 256 + p.row_granule) * kGroupedMatmulStreamBaseK);  // a k-block of 4 pieces
+  // Row blocks from the rows an expert averages, whatever K (past the whole K) and the dtype.
+  struct Case { int64_t m, g, n, want; };
+  for (const Case& c : {Case{8192, 60, 2048, 1},    // S3: ~137 rows an expert
+                        Case{16384, 64, 768, 1},    // S2: 256
+                        Case{2400, 4, 40, 3},       // 600: three pieces (the third 88 rows)
+                        Case{4096, 2, 40, 4},       // 2048: eight pieces, capped
+                        Case{100000, 2, 40, 4}}) {  // 50000
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {  // bfloat16: streams on AMX
+      if (dtype == DType::kBF16 && !DetectCpuIdentity().amx_bf16) continue;
+      SCOPED_TRACE(::testing::Message() << "M " << c.m << " G " << c.g << " " << DTypeName(dtype));
+      const auto q = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, c.m, past, c.n, c.g, dtype),
+                                           Machine(1));
+      ASSERT_GT(q.k_blocks, 1);
+      EXPECT_EQ(q.m_group_blocks, c.want);
+      EXPECT_LE(q.c_tile_elems, kGroupedMatmulGradGroupElems);
+    }
+  }
+  // One thread wants kGroupedMatmulStreamUnitsPerThread units too: one expert of 256 + 44 rows
+  // (two pieces, two row blocks, one column block) runs a row block a unit.
+  EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 300, past, 40, 1), Machine(1))
+                .m_group_blocks, 1);
+  // Narrower on bigger machines, never wider, both sides; at 64 threads (256 units wanted of 32
+  // row blocks x 16 column blocks) two row blocks a unit, one column block.
+  int64_t m_prev = p.m_group_blocks, n_prev = p.n_group_blocks;
+  for (int32_t threads : {4, 8, 16, 32, 64, 128}) {
+    SCOPED_TRACE(threads);
+    const auto q = MakeGroupedMatmulPlan(mixtral, Machine(threads));
+    EXPECT_EQ(q.k_blocks, p.k_blocks);
+    EXPECT_TRUE((q.m_group_blocks == 1 && q.n_group_blocks == 1) ||
+                q.units >= kGroupedMatmulStreamUnitsPerThread * threads);
+    EXPECT_LE(q.m_group_blocks, m_prev);
+    EXPECT_LE(q.n_group_blocks, n_prev);
+    m_prev = q.m_group_blocks, n_prev = q.n_group_blocks;
+    EXPECT_EQ(q.units, q.MGroups() * q.NGroups());
+    EXPECT_EQ(q.c_tile_elems, q.m_group_blocks * q.n_group_blocks * 256 * 256);
+  }
+  const auto at64 = MakeGroupedMatmulPlan(mixtral, Machine(64));
+  EXPECT_EQ(at64.m_group_blocks, 2);
+  EXPECT_EQ(at64.n_group_blocks, 1);
+  EXPECT_EQ(MakeGroupedMatmulPlan(mixtral, Machine(128)).m_group_blocks, 1);
+  // The api test's k_block_row_groups case (BitIdenticalAcrossRunsAndThreadCounts): two row
+  // blocks a unit at 1 thread, one at 2.
+  const auto row_groups = Shape(GroupedMatmulOp::kForward, 1560, kGroupedMatmulMaxWholeK + 100, 40, 3);
+  EXPECT_EQ(MakeGroupedMatmulPlan(row_groups, Machine(1)).m_group_blocks, 2);
+  EXPECT_EQ(MakeGroupedMatmulPlan(row_groups, Machine(2)).m_group_blocks, 1);
+  // Without k-blocks, and in the weight gradient: one row block a unit.
+  EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 8192, 2048, 1408, 8), Machine(2))
+                .m_group_blocks, 1);
+  EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 8192, past, 1408, 8), Machine(2))
+                .m_group_blocks, 1);
+}
+
+// A float32 or float16 forward's tiles stop growing with K past kGroupedMatmulMaxWholeK, in
+// every form (plain, gathered, [G, N, K] weights) and with one piece or several an expert: a
+// thread's bytes are those of one k-block, the same at K = 4352 and at K = 65536.
 TEST(grouped_matmul_plan, Float32ThreadBytesBoundedPastTheWholeK) {
   for (int64_t m : {int64_t{2048}, int64_t{8192}}) {  // 256 and 1024 rows an expert
-    for (int form = 0; form < 3; ++form) {
+    for (int form = 0; form < 6; ++form) {
       SCOPED_TRACE("M " + std::to_string(m) + " form " + std::to_string(form));
       const auto at = [&](int64_t k) {
-        auto s = Shape(GroupedMatmulOp::kForward, m, k, 4096, 8);
-        s.gather_fused = form == 1;
-        s.weight_nk = form == 2;
+        auto s = Shape(GroupedMatmulOp::kForward, m, k, 4096, 8, form < 3 ? DType::kF32 : DType::kF16);
+        s.gather_fused = form % 3 == 1;
+        s.weight_nk = form % 3 == 2;
         return MakeGroupedMatmulPlan(s, Machine(64));
       };
       const auto first = at(kGroupedMatmulMaxWholeK + kGroupedMatmulStreamBaseK);
@@ -462,8 +533,9 @@ TEST(grouped_matmul_plan, Float32ThreadBytesBoundedPastTheWholeK) {
         EXPECT_EQ(p.k_blocks, k / kGroupedMatmulStreamBaseK) << k;
         EXPECT_EQ(p.thread_bytes, first.thread_bytes) << k;
       }
-      // One k-block of a piece, the unit's C tiles, at most one k-block of B: 0.8-1.0 MiB here
-      // (64 threads narrow the units to one or two column blocks), 2.5 MiB at 2 threads (eight).
+      // One k-block of the unit's pieces, its C tiles, at most one k-block of B: 0.8-1.5 MiB
+      // here (64 threads narrow the units to one or two row blocks and column blocks), 5.3 MiB
+      // at 2 threads (four row blocks by four column blocks, at 1024 rows an expert).
       EXPECT_LE(first.thread_bytes, uint64_t{3} << 20);
     }
   }
