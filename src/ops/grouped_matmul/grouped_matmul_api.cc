@@ -265,6 +265,7 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
   void ForEachPieces(int64_t r0, int64_t r1, const int64_t* off, Visit visit) const {
     const GroupedMatmulPlan& p = plan_;
     const GroupedMatmulShape& s = p.shape;
+    // Only the expert holding r0 starts before the range and may have pieces in it.
     for (int64_t g = std::upper_bound(off, off + s.g + 1, r0) - off - 1; g < s.g && off[g] < r1; ++g) {
       const int64_t behind = std::max<int64_t>(0, r0 - off[g]);
       const int64_t q0 = off[g] + (behind + p.base_m - 1) / p.base_m * p.base_m;

@@ -93,14 +93,15 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   t.base_k = t.last_k = t.reduce;
   t.k_blocks = t.n_group_blocks = 1;
   // Streamed weights: K in k-blocks of kGroupedMatmulStreamBaseK, each B k-block prepared (packed
-  // into L2) for one piece and used at once, a piece's A k-block copied once for a unit of many
-  // column blocks. Over the whole K, a packed block overflows L2 (S3: 3.7 MiB bfloat16) and the
-  // GEMM reads it from L3 again for every few rows; but it is packed once for all the pieces of
-  // an expert a thread runs, where k-blocks pack it once per piece. Measured on an AMX Xeon
+  // into L2) for an expert's pieces in a unit and used at once, their A k-blocks copied once for
+  // a unit of many column blocks. Over the whole K, a packed block overflows L2 (S3: 3.7 MiB
+  // bfloat16) and the GEMM reads it from L3 again for every few rows; but it is packed once for
+  // all the pieces of an expert a thread runs, where k-blocks then (before units spanned row
+  // blocks, session 26) packed it once per piece. Measured on an AMX Xeon
   // (docs/benchmarks.md, session 17), percent of dense, two rounds: bfloat16 S1 75-76 -> 86-90,
   // S2 65-66 -> 91-98, S3 39 -> 82-84; float32 S3 66-67 -> 79, S2 unchanged; float16 S3 37-38 ->
   // 60-62. Forced at S1 (1024 rows an expert: four pieces, four packs) float32 ran 90 -> 84 and
-  // float16 80 -> 68, one round. So: bfloat16 on AMX whenever K
+  // float16 80 -> 68, one round (not rerun with units of four row blocks, one pack). So: bfloat16 on AMX whenever K
   // spans k-blocks; elsewhere (float32 GEMMs, bfloat16 without AMX: unmeasured) when experts
   // average at most base_m rows (one piece), where k-blocks cost no extra pass; but not float32
   // that the CPU reads in place (MoeF32InPlaceKNOutrunsPackedBrgemm: gemm:jit blocks K itself).
@@ -233,8 +234,9 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     // kGroupedMatmulStreamGroupRowBlocks), each B k-block then prepared once for all of them;
     // the column blocks halved while the unit's C tiles pass kGroupedMatmulGradGroupElems; then,
     // while the machine has fewer than kGroupedMatmulStreamUnitsPerThread units a thread, the
-    // wider of the two halved (columns first: a column block fewer costs an A k-block copy, a row
-    // block fewer a B k-block preparation, the costlier one).
+    // wider of the two halved, columns on a tie (a column block fewer costs each piece's A
+    // k-block one more copy, a row block fewer each B k-block one more preparation; which costs
+    // more was not measured).
     p.n_group_blocks = t.n_group_blocks;
     p.m_group_blocks = 1;
     if (k_blocked) {
@@ -256,8 +258,9 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     p.b_copied = s.dtype == DType::kF16 || (!s.weight_nk && !p.b_from_kn) || p.b_kn_tile;
     // A copied or packed B block is worth more than a copied A tile: a pass over a weight block
     // costs about what gathering (or converting) x's rows does, and it serves only the rows of
-    // one expert, so it is the one kept across units. With k-blocks no B is kept: each is
-    // prepared for one piece, the piece's A k-block copied once for the unit's column blocks.
+    // one expert, so it is the one kept across units. With k-blocks no B is kept across units:
+    // each B k-block is prepared once for an expert's pieces in the unit, their A k-blocks
+    // copied once for the unit's column blocks.
     p.column_block_first = !k_blocked && (p.b_copied || machine.packs_b);
     p.c_tile_elems = p.m_group_blocks * p.n_group_blocks * p.base_m * p.base_n;
     // A: one stage of a piece of an expert's rows (a_stage_rows, at most base_m) and the padding
