@@ -374,7 +374,12 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
     const int64_t k0 = kb_begin * p.base_m, k1 = std::min(s.k, kb_end * p.base_m);
     const int64_t n0 = nb_begin * p.base_n, n1 = std::min(s.n, nb_end * p.base_n);
     const int64_t tile_elems = p.base_m * p.base_n;
+    // C tile (kb, nb): where out_direct, gradWeight's own block, rows of stride N.
     const auto tile = [&](int64_t kb, int64_t nb) {
+      if (p.out_direct) {
+        return reinterpret_cast<float*>(TensorBase(out_)) + (g * s.k + kb * p.base_m) * s.n +
+               nb * p.base_n;
+      }
       return slots.c_tile + ((kb - kb_begin) * p.n_group_blocks + (nb - nb_begin)) * tile_elems;
     };
     const auto k_rows = [&](int64_t kb) {
@@ -382,6 +387,13 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
     };
     const int64_t begin = tables.group_offsets[g], end = tables.group_offsets[g + 1];
     if (begin == end && s.accumulate) return;  // nothing to add: gradWeightRef[g] keeps its bits
+    if (begin == end && p.out_direct) {
+      for (int64_t kk = k0; kk < k1; ++kk) {
+        std::fill_n(reinterpret_cast<float*>(TensorBase(out_)) + (g * s.k + kk) * s.n + n0, n1 - n0,
+                    0.0f);
+      }
+      return;
+    }
     if (begin == end) {
       std::fill(slots.c_tile, slots.c_tile + (kb_end - kb_begin) * p.n_group_blocks * tile_elems,
                 0.0f);
@@ -429,6 +441,7 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
     // dense, session 17). (Each tile stored right after its last GEMM, while in cache, measured
     // slower on an AMX Xeon: S2 bfloat16 48-50 -> 38-41% of dense, float32 S2/S3 3 points,
     // docs/benchmarks.md, session 16.)
+    if (p.out_direct) return;  // the GEMMs wrote gradWeight
     char* dw = TensorBase(out_);
     const int64_t out_elem = ElementBytes(s.out_dtype);
     if (p.stream_out) {  // never with accumulate

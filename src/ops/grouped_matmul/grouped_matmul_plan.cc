@@ -160,6 +160,11 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
     if (last_rows != t.base_m) g.row_counts.push_back(t.base_m);
     g.dense_steps = true;
     g.own_f32_where_faster = true;
+    // Not where oneDNN is asked for (GRADKIT_GEMM=onednn): its 2.6 runs such a C on gemm:jit.
+    if (MoeTileGemmChoiceFromEnv() != MoeTileGemmChoice::kOneDnn &&
+        GroupedMatmulWritesGradWeightDirect(s, GroupedMatmulStreamsGradWeight(DetectCpuIdentity()))) {
+      g.ldc = s.n;
+    }
     g.steps.clear();
     for (int64_t r = ReduceGranule(t.gemm_dtype); r <= t.reduce; r += ReduceGranule(t.gemm_dtype)) {
       g.steps.push_back({r, false});
@@ -182,7 +187,7 @@ GroupedMatmulMachine GroupedMatmulMachineOf(const MoeTileGemm& gemm, const MoeTi
   GroupedMatmulMachine machine{threads, gemm.scratchpad_bytes(), gemm.name(), {},
                                gemm.packs_b(), gemm.prepares_b_from_kn(), gemm.row_granule(),
                                GroupedMatmulStreamsGradWeight(DetectCpuIdentity()),
-                               gemm.reads_b_in_place()};
+                               gemm.reads_b_in_place(), shape.ldc};
   for (int64_t width : shape.widths) machine.gemm_impls.emplace_back(width, gemm.impl(width));
   return machine;
 }
@@ -195,6 +200,11 @@ GroupedMatmulMachine GroupedMatmulMachineOf(const MoeTileGemm& gemm, const MoeTi
 // (session 15, whole lines streamed only once the bytes passed the LLC, tile by tile) it measured
 // slower: bfloat16 S3 65, 66 -> 56, 61. So Intel's CPUs only.
 bool GroupedMatmulStreamsGradWeight(const CpuIdentity& cpu) { return cpu.vendor == "GenuineIntel"; }
+
+bool GroupedMatmulWritesGradWeightDirect(const GroupedMatmulShape& s, bool streams_grad_weight) {
+  return s.op == GroupedMatmulOp::kWeightGrad && !s.accumulate && s.out_dtype == DType::kF32 &&
+         s.dtype != DType::kBF16 && !streams_grad_weight && s.k % kGroupedMatmulRowGranule == 0;
+}
 
 GroupedMatmulMachine DetectGroupedMatmulMachine(const GroupedMatmulShape& shape) {
   const MoeTileGemmShape gemm_shape = GroupedMatmulTileGemmShape(shape);
@@ -293,7 +303,10 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     p.a_stage_rows = p.base_m;
     p.column_block_first = false;
     p.stream_out = machine.streams_grad_weight && !s.accumulate;
-    p.c_tile_elems = p.k_group_blocks * p.n_group_blocks * p.base_m * p.base_n;
+    // Only where the GEMM was made for rows of gradWeight (a machine of another ldc keeps tiles).
+    p.out_direct = GroupedMatmulWritesGradWeightDirect(s, machine.streams_grad_weight) &&
+                   machine.gemm_ldc == s.n;
+    p.c_tile_elems = p.out_direct ? 0 : p.k_group_blocks * p.n_group_blocks * p.base_m * p.base_n;
     p.a_tile_elems = s.m == 0 ? 0 : p.k_group_blocks * p.base_m * p.reduce;
     p.b_tile_elems = s.m == 0 ? 0 : p.n_group_blocks * p.base_n * p.reduce;
   }
@@ -349,7 +362,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       "\"last_k\": {}, \"row_granule\": {}, \"reduce_granule\": {}, "
       "\"work_split\": {{\"row_blocks\": {}, \"last_block_rows\": {}, \"col_blocks\": {}, "
       "\"last_block_cols\": {}, \"k_group_blocks\": {}, \"m_group_blocks\": {}, \"n_group_blocks\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_grab\": {}}}, "
-      "\"a_copied\": {}, \"a_stage_rows\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"b_kn_tile\": {}, \"b_tile_ld\": {}, \"stream_out\": {}, \"threads\": {}, \"machine_threads\": {}, "
+      "\"a_copied\": {}, \"a_stage_rows\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"b_kn_tile\": {}, \"b_tile_ld\": {}, \"stream_out\": {}, \"out_direct\": {}, \"threads\": {}, \"machine_threads\": {}, "
       "\"thread_bytes\": {}, \"workspace\": {{\"alignment\": {}, \"c_tiles\": {}, \"a_tiles\": {}, "
       "\"b_tiles\": {}, \"system\": {}, \"group_offsets\": {}, \"row_token\": {}, \"end\": {}}}, "
       "\"workspace_bytes\": {}}}",
@@ -361,7 +374,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       p.last_block_cols, p.k_group_blocks, p.m_group_blocks, p.n_group_blocks, p.units,
       forward ? (p.column_block_first ? "column_block_first" : "row_block_first")
               : "expert_k_group_n_group",
-      p.units_per_grab, p.a_copied, p.a_stage_rows, p.b_copied, p.b_from_kn, p.b_kn_tile, p.b_tile_ld, p.stream_out, p.threads, p.machine_threads, p.thread_bytes,
+      p.units_per_grab, p.a_copied, p.a_stage_rows, p.b_copied, p.b_from_kn, p.b_kn_tile, p.b_tile_ld, p.stream_out, p.out_direct, p.threads, p.machine_threads, p.thread_bytes,
       kGroupedMatmulAlignment, region(l.c_tiles), region(l.a_tiles), region(l.b_tiles),
       region(l.system), region(l.group_offsets), region(l.row_token), l.end, p.workspace_bytes);
 }

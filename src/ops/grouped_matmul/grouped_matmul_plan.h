@@ -133,11 +133,24 @@ struct GroupedMatmulMachine {
   int64_t gemm_row_granule = kGroupedMatmulRowGranule;  // GEMM rows padded to this (MoeTileGemm)
   bool streams_grad_weight = false;  // GroupedMatmulStreamsGradWeight of this CPU
   bool reads_b_in_place = false;     // MoeTileGemm::reads_b_in_place: float32 B^T rows, no pack
+  int64_t gemm_ldc = 0;              // MoeTileGemmShape::ldc the GEMM was made for
 };
 
 // CPUs whose weight gradient runs faster storing gradWeight by non-temporal stores: Intel's
 // (measured on an AMX Xeon; AMD Zen 4 measured slower).
 bool GroupedMatmulStreamsGradWeight(const CpuIdentity& cpu);
+
+// Whether the weight grad's GEMMs write gradWeight themselves (C of row stride N) instead of
+// float32 C tiles that a pass then stores: float32 gradWeight (a tile stored to it is a plain
+// copy, so the bits are the same either way) summed by float32 GEMMs, not Add (whose sum would
+// change order), K a multiple of the row granule (the padded rows of K's last block stay inside
+// the expert's rows), on CPUs that do not stream gradWeight (GroupedMatmulStreamsGradWeight). The
+// GEMM's stores then overlap its arithmetic where the pass after it did not: Zen 5, float32, two
+// rounds, percent of dense, S2 78, 78 -> 85, 93; S3 81, 78 -> 94, 93 (docs/benchmarks.md,
+// session 27). oneDNN 2.6 has no brgemm for such a strided C: the shape runs on gradkit's
+// micro-kernel (MoeTileGemm auto), which without direct writes ran S2 82, 78 and S3 86, 80 there;
+// with GRADKIT_GEMM=onednn the GEMM keeps C tiles.
+bool GroupedMatmulWritesGradWeightDirect(const GroupedMatmulShape& shape, bool streams_grad_weight);
 
 struct GroupedMatmulRegion {
   uint64_t offset;  // from the 512-byte aligned start of the workspace
@@ -195,6 +208,9 @@ struct GroupedMatmulPlan {
   bool b_kn_tile;
   // Weight grad (not Add): gradWeight stored by non-temporal stores (GroupedMatmulStreamTiles).
   bool stream_out;
+  // Weight grad: the GEMMs write (and accumulate an expert's chunks) straight into gradWeight,
+  // rows of stride N: no C tiles, no store pass (GroupedMatmulWritesGradWeightDirect).
+  bool out_direct;
   int64_t c_tile_elems;  // per thread: float32 tiles of [base_m, base_n] (one, or a unit's)
   int64_t a_tile_elems;  // per thread
   int64_t b_tile_elems;  // per thread

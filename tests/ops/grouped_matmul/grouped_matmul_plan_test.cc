@@ -29,6 +29,48 @@ GroupedMatmulShape Shape(GroupedMatmulOp op, int64_t m, int64_t k, int64_t n, in
 
 GroupedMatmulMachine Machine(int32_t threads) { return {threads, 4096, "test", {}}; }
 
+// The weight grad writes gradWeight straight from its GEMMs (no C tiles) only for float32
+// gradWeight summed by float32 GEMMs, not Add, K a multiple of the row granule, a CPU that does
+// not stream gradWeight, and a GEMM made for rows of stride N; else it keeps its C tiles.
+TEST(grouped_matmul_plan, WeightGradWritesGradWeightDirect) {
+  const auto plan = [](GroupedMatmulShape s, bool streams, int64_t ldc) {
+    GroupedMatmulMachine machine = Machine(2);
+    machine.streams_grad_weight = streams;
+    machine.gemm_ldc = ldc;
+    return MakeGroupedMatmulPlan(s, machine);
+  };
+  const int64_t k = 4 * kGroupedMatmulRowGranule * 16, n = 768;
+  const GroupedMatmulShape s = Shape(GroupedMatmulOp::kWeightGrad, 4096, k, n, 16);
+  const auto direct = plan(s, false, n);
+  EXPECT_TRUE(direct.out_direct);
+  EXPECT_EQ(direct.c_tile_elems, 0);
+  const auto tiled = plan(s, false, 256);  // a GEMM of another C stride
+  EXPECT_FALSE(tiled.out_direct);
+  EXPECT_EQ(tiled.c_tile_elems, tiled.k_group_blocks * tiled.n_group_blocks * tiled.base_m * tiled.base_n);
+  EXPECT_LT(direct.thread_bytes, tiled.thread_bytes);
+  EXPECT_FALSE(plan(s, true, n).out_direct);  // gradWeight streamed
+  auto add = s;
+  add.accumulate = true;
+  EXPECT_FALSE(plan(add, false, n).out_direct);
+  auto bf16 = Shape(GroupedMatmulOp::kWeightGrad, 4096, k, n, 16, DType::kBF16);
+  EXPECT_FALSE(plan(bf16, false, n).out_direct);
+  auto f16 = Shape(GroupedMatmulOp::kWeightGrad, 4096, k, n, 16, DType::kF16);
+  EXPECT_TRUE(plan(f16, false, n).out_direct);  // float32 GEMMs
+  f16.out_dtype = DType::kF16;
+  EXPECT_FALSE(plan(f16, false, n).out_direct);
+  const auto odd_k = Shape(GroupedMatmulOp::kWeightGrad, 4096, k + 1, n, 16);
+  EXPECT_FALSE(plan(odd_k, false, n).out_direct);
+  EXPECT_FALSE(plan(Shape(GroupedMatmulOp::kForward, 4096, k, n, 16), false, n).out_direct);
+  // The GEMM shape agrees with the predicate on this CPU (unless oneDNN is asked for).
+  if (MoeTileGemmChoiceFromEnv() != MoeTileGemmChoice::kOneDnn) {
+    const bool here = GroupedMatmulWritesGradWeightDirect(
+        s, GroupedMatmulStreamsGradWeight(DetectCpuIdentity()));
+    EXPECT_EQ(GroupedMatmulTileGemmShape(s).ldc, here ? n : GroupedMatmulTileGemmShape(add).ldc);
+    const auto real = MakeGroupedMatmulPlan(s, DetectGroupedMatmulMachine(s));
+    EXPECT_EQ(real.out_direct, here);
+  }
+}
+
 // With oneDNN 2.x both ops pack each B once, through gradkit's packer (checked against oneDNN's
 // reorder in phase 1) for the main column width, in float32 and bfloat16, [G, K, N] weights
 // packed from their rows; also when K or N leaves a narrower last column block. Detects the
