@@ -86,6 +86,9 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
                                 RoundUp(std::max<int64_t>(s.m, 1), ReduceGranule(t.gemm_dtype)));
   t.row_blocks = CeilDiv(extent, t.base_m);
   t.last_block_rows = extent - (t.row_blocks - 1) * t.base_m;
+  // Weight grad in bfloat16 writing gradWeight direct: one block of all N, so that C's rows (of
+  // gradWeight) are dense in the GEMM's own width, which oneDNN 2.6 runs on brgemm.
+  if (GroupedMatmulWholeRowTiles(s, GroupedMatmulStreamsGradWeight(DetectCpuIdentity()))) t.base_n = s.n;
   const MoeTileColumns columns = MoeTileColumnsOf(s.n, t.base_n);
   t.base_n = columns.base;
   t.col_blocks = columns.blocks;
@@ -203,7 +206,12 @@ bool GroupedMatmulStreamsGradWeight(const CpuIdentity& cpu) { return cpu.vendor 
 
 bool GroupedMatmulWritesGradWeightDirect(const GroupedMatmulShape& s, bool streams_grad_weight) {
   return s.op == GroupedMatmulOp::kWeightGrad && !s.accumulate && s.out_dtype == DType::kF32 &&
-         s.dtype != DType::kBF16 && !streams_grad_weight && s.k % kGroupedMatmulRowGranule == 0;
+         !streams_grad_weight && s.k % kGroupedMatmulRowGranule == 0 &&
+         (s.dtype != DType::kBF16 || s.n <= kGroupedMatmulGradGroupCols);
+}
+
+bool GroupedMatmulWholeRowTiles(const GroupedMatmulShape& s, bool streams_grad_weight) {
+  return s.dtype == DType::kBF16 && GroupedMatmulWritesGradWeightDirect(s, streams_grad_weight);
 }
 
 GroupedMatmulMachine DetectGroupedMatmulMachine(const GroupedMatmulShape& shape) {

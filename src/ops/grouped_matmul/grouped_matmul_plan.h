@@ -150,7 +150,17 @@ bool GroupedMatmulStreamsGradWeight(const CpuIdentity& cpu);
 // session 27). oneDNN 2.6 has no brgemm for such a strided C: the shape runs on gradkit's
 // micro-kernel (MoeTileGemm auto), which without direct writes ran S2 82, 78 and S3 86, 80 there;
 // with GRADKIT_GEMM=onednn the GEMM keeps C tiles.
+// bfloat16 GEMMs write gradWeight direct only where N <= kGroupedMatmulGradGroupCols, through
+// GroupedMatmulWholeRowTiles.
 bool GroupedMatmulWritesGradWeightDirect(const GroupedMatmulShape& shape, bool streams_grad_weight);
+// bfloat16 weight grad writing gradWeight direct: its tiles span all N (base_n = N, one column
+// block), so C's row stride N is the GEMM's own width and oneDNN 2.6 runs it on brgemm (a strided
+// C of 256 columns would go to gemm:jit); the packed B of a chunk is then N x base_r (1 MiB at
+// N = 2048, the bound). On CPUs that stream gradWeight (Intel) tiles stay as they were. The
+// GEMMs' stores overlap their arithmetic, the C tiles and the store pass go (Zen 5, two rounds,
+// percent of dense: S3 66, 70 -> 87, 81; S2 80, 79 -> 83, 83; S4 84, 86 -> 91, 94; S1 80, 81 ->
+// 75, 79, within its noise; docs/benchmarks.md, session 29).
+bool GroupedMatmulWholeRowTiles(const GroupedMatmulShape& shape, bool streams_grad_weight);
 
 struct GroupedMatmulRegion {
   uint64_t offset;  // from the 512-byte aligned start of the workspace

@@ -52,8 +52,29 @@ TEST(grouped_matmul_plan, WeightGradWritesGradWeightDirect) {
   auto add = s;
   add.accumulate = true;
   EXPECT_FALSE(plan(add, false, n).out_direct);
-  auto bf16 = Shape(GroupedMatmulOp::kWeightGrad, 4096, k, n, 16, DType::kBF16);
-  EXPECT_FALSE(plan(bf16, false, n).out_direct);
+  // bfloat16: direct through tiles of all N (one column block, the GEMM's ldc and width N), up to
+  // N = kGroupedMatmulGradGroupCols; past it, tiles of at most base_n columns as before.
+  const auto bf16 = Shape(GroupedMatmulOp::kWeightGrad, 4096, k, n, 16, DType::kBF16);
+  const bool whole = !GroupedMatmulStreamsGradWeight(DetectCpuIdentity());  // ChooseTiles asks the CPU
+  EXPECT_EQ(GroupedMatmulWholeRowTiles(bf16, false), true);
+  EXPECT_EQ(GroupedMatmulWholeRowTiles(bf16, true), false);
+  EXPECT_EQ(plan(bf16, false, n).out_direct, whole);
+  EXPECT_EQ(plan(bf16, false, n).base_n, whole ? n : 256);
+  EXPECT_EQ(plan(bf16, false, n).col_blocks, whole ? 1 : 3);
+  EXPECT_EQ(plan(bf16, false, n).c_tile_elems, whole ? 0 : plan(bf16, false, 256).c_tile_elems);
+  EXPECT_EQ(GroupedMatmulTileGemmShape(bf16).ldc, n);  // dense in its width either way
+  EXPECT_EQ(GroupedMatmulTileGemmShape(bf16).widths, std::vector<int64_t>{whole ? n : 256});
+  const auto bf16_wide = Shape(GroupedMatmulOp::kWeightGrad, 4096, k, kGroupedMatmulGradGroupCols + 16,
+                               16, DType::kBF16);
+  EXPECT_FALSE(GroupedMatmulWholeRowTiles(bf16_wide, false));
+  EXPECT_FALSE(plan(bf16_wide, false, bf16_wide.n).out_direct);
+  EXPECT_LE(plan(bf16_wide, false, bf16_wide.n).base_n, kGroupedMatmulBaseN);
+  auto bf16_add = bf16;
+  bf16_add.accumulate = true;
+  EXPECT_FALSE(GroupedMatmulWholeRowTiles(bf16_add, false));
+  auto bf16_out = bf16;
+  bf16_out.out_dtype = DType::kBF16;
+  EXPECT_FALSE(GroupedMatmulWholeRowTiles(bf16_out, false));
   auto f16 = Shape(GroupedMatmulOp::kWeightGrad, 4096, k, n, 16, DType::kF16);
   EXPECT_TRUE(plan(f16, false, n).out_direct);  // float32 GEMMs
   f16.out_dtype = DType::kF16;
