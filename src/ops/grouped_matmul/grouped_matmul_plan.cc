@@ -110,16 +110,21 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   // that the CPU reads in place (MoeF32InPlaceKNOutrunsPackedBrgemm: gemm:jit blocks K itself).
   // And float32 and float16 x past kGroupedMatmulMaxWholeK, whose whole-K tiles would grow with
   // K (units of several row blocks prepare each B k-block once for an expert's pieces there;
-  // bfloat16 x keeps the whole K, where k-blocks measured slower). A property of the shape (and
+  // bfloat16 x off AMX: the deeper k-blocks below). A property of the shape (and
   // those CPU rules) whatever the weights' layout and the thread count: every weight form sums
   // in the same order.
+  // bfloat16 without AMX (session 29): k-blocks of kGroupedMatmulBf16StreamBaseK past that K,
+  // whatever the experts' rows, which bounds its tiles in K too.
   const bool one_piece_an_expert = s.m <= s.g * t.base_m;
   const bool reads_in_place = forward && s.dtype == DType::kF32 && s.n > t.base_n &&
                               MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
-  const bool streams_by_rule = !reads_in_place && (Bf16OnAmx(t.gemm_dtype) || one_piece_an_expert);
+  const bool bf16_deep = t.gemm_dtype == DType::kBF16 && !Bf16OnAmx(t.gemm_dtype);
+  const int64_t stream_k = bf16_deep ? kGroupedMatmulBf16StreamBaseK : kGroupedMatmulStreamBaseK;
+  const bool streams_by_rule =
+      !reads_in_place && (Bf16OnAmx(t.gemm_dtype) || bf16_deep || one_piece_an_expert);
   const bool streams_bounded = s.dtype != DType::kBF16 && s.k > kGroupedMatmulMaxWholeK;
-  if (forward && s.k > kGroupedMatmulStreamBaseK && (streams_bounded || streams_by_rule)) {
-    t.base_k = kGroupedMatmulStreamBaseK;
+  if (forward && s.k > stream_k && (streams_bounded || streams_by_rule)) {
+    t.base_k = stream_k;
     t.k_blocks = CeilDiv(s.k, t.base_k);
     t.last_k = s.k - (t.k_blocks - 1) * t.base_k;
     t.n_group_blocks = std::clamp<int64_t>(kGroupedMatmulStreamGroupCols / t.base_n, 1, t.col_blocks);

@@ -83,6 +83,17 @@ inline constexpr uint64_t kGroupedMatmulAlignment = 512;  // every workspace reg
 // unit spanning up to kGroupedMatmulStreamGroupCols columns, fewer where that leaves under
 // kGroupedMatmulStreamUnitsPerThread units a thread.
 inline constexpr int64_t kGroupedMatmulStreamBaseK = 256;
+// bfloat16 x on CPUs without AMX (oneDNN's AVX512-BF16 brgemm, or the micro-kernel) streams
+// k-blocks of this length whenever K is longer, whatever its experts' rows: deep enough that the
+// float32 C tiles are read and written only K / 1024 times, and its tiles stay bounded in K.
+// Zen 5, 2 threads, GFLOP/s plain / gathered, whole K (S1, S4; S3 in k-blocks of 256) ->
+// k-blocks of 1024, three rounds: S1 672-704 / 624-663 -> 704-734 / 669-722, three more (two
+// binaries) 663-716 / 628-649 -> 659-686 / 647-670 (plain within the noise, gathered / plain
+// 91-95 -> 97-98%); S4 711-735 / 715-731 -> 723-743 / 730-747; two rounds S2 607-625 -> 631-657,
+// S3 540-555 -> 555-594; one round Mixtral's down projection (K 14336) 697 / 660 -> 680 / 662,
+// its workspace 29.4 -> 13.2 MiB at 2 threads, 940 -> 134 MiB at 64 (docs/benchmarks.md,
+// session 29). k-blocks of 512 read between.
+inline constexpr int64_t kGroupedMatmulBf16StreamBaseK = 1024;
 inline constexpr int64_t kGroupedMatmulStreamGroupCols = 2048;
 // ... and up to this many row blocks, as many as the pieces of an average expert (each B k-block
 // is then prepared once for all of them, as the whole K prepares a B block once for an expert's
@@ -95,8 +106,8 @@ inline constexpr int64_t kGroupedMatmulStreamGroupRowBlocks = 4;
 // percent of dense, two rounds: float32 [G, K, N] 84, 86 with units of one row block -> 91, 92
 // with units of an expert's four (kGroupedMatmulStreamGroupRowBlocks), [G, N, K] 82, 87 -> 83,
 // 95 (whole K, session 24: 84-86 and 93); float16 whole K 74, 72 (60 MiB of workspace) -> 81,
-// 82 (11 MiB). bfloat16 x keeps the whole K: 100, 96 whole -> 90, 85 in k-blocks (29 -> 9 MiB),
-// so its tiles still grow with K (grouped_matmul.md, Limits). Up to it, CPUs that read float32 weights in place
+// 82 (11 MiB). bfloat16 x measured 100, 96 whole -> 90, 85 in k-blocks of 256 (29 -> 9 MiB); off
+// AMX it now streams k-blocks of kGroupedMatmulBf16StreamBaseK (on AMX, 256). Up to it, CPUs that read float32 weights in place
 // (MoeF32InPlaceKNOutrunsPackedBrgemm) keep the in-place kernel where others would stream.
 // Measured on Zen 5 (session 23, percent of dense, in place against streamed): S2 (K 2048)
 // [G, K, N] 98, 97, 92, 93 against 88, 84, 82, 85 ([G, N, K] 83, 81, 85, 88 against 88, 87, 83,

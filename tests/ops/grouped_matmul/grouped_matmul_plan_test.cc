@@ -412,11 +412,13 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
 // Forward k-blocks (streamed weights): bfloat16 on AMX whenever K spans more than one k-block,
 // otherwise when experts average at most base_m rows (float32 on CPUs that read it in place only
 // past kGroupedMatmulMaxWholeK), and float32 x past kGroupedMatmulMaxWholeK whatever the rows;
-// k-blocks of kGroupedMatmulStreamBaseK, units of up to
-// kGroupedMatmulStreamGroupCols columns, narrowed until each thread has
-// kGroupedMatmulStreamUnitsPerThread units.
+// k-blocks of kGroupedMatmulStreamBaseK (bfloat16 off AMX: of kGroupedMatmulBf16StreamBaseK
+// whenever K is longer), units of up to kGroupedMatmulStreamGroupCols columns, narrowed until
+// each thread has kGroupedMatmulStreamUnitsPerThread units.
 TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
   const int64_t bk = kGroupedMatmulStreamBaseK;
+  const bool amx = DetectCpuIdentity().amx_bf16;
+  const int64_t bf16_bk = amx ? bk : kGroupedMatmulBf16StreamBaseK;
   // S2: 16384 rows over 64 experts (256 each), K 2048, N 768: float32 keeps the whole K where the
   // CPU reads it in place; float16 x streams everywhere; so does float32 past the in-place K.
   const bool in_place_f32 = MoeF32InPlaceKNOutrunsPackedBrgemm(DetectCpuIdentity());
@@ -435,6 +437,7 @@ TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
     SCOPED_TRACE(DTypeName(dtype));
     const auto s = Shape(GroupedMatmulOp::kForward, 8192, 7168, 2048, 60, dtype);
     const auto p = MakeGroupedMatmulPlan(s, Machine(2));
+    const int64_t bk = dtype == DType::kBF16 ? bf16_bk : kGroupedMatmulStreamBaseK;
     EXPECT_EQ(p.base_k, bk);
     EXPECT_EQ(p.k_blocks, 7168 / bk);
     EXPECT_EQ(p.last_k, bk);
@@ -469,33 +472,49 @@ TEST(grouped_matmul_plan, StreamedWeightsInKBlocks) {
       EXPECT_EQ(gemm.steps, (std::vector<MoeTileGemmShape::Step>{{bk, false}, {bk, true}}));
       const auto pw = MakeGroupedMatmulPlan(sw, Machine(2));
       EXPECT_EQ(pw.b_tile_ld, gemm.ldb);
-      if (pw.b_copied) EXPECT_EQ(pw.b_tile_elems, 256 * bk);
+      if (pw.b_copied) {
+        EXPECT_EQ(pw.b_tile_elems, 256 * bk);
+      }
     }
   }
+  // bfloat16 off AMX: deep k-blocks past kGroupedMatmulBf16StreamBaseK whatever the rows (S1:
+  // 1024 an expert), none up to it (K 1000 with one piece an expert, which streams in k-blocks of
+  // 256 in the other dtypes).
+  if (!amx) {
+    const auto s1 = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 8192, 2048, 1408, 8, DType::kBF16),
+                                          Machine(2));
+    EXPECT_EQ(s1.base_k, kGroupedMatmulBf16StreamBaseK);
+    EXPECT_EQ(s1.k_blocks, 2048 / kGroupedMatmulBf16StreamBaseK);
+    EXPECT_EQ(s1.m_group_blocks, 4);  // an expert's four pieces
+    EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 300, kGroupedMatmulBf16StreamBaseK, 500, 4,
+                                          DType::kBF16), Machine(2)).k_blocks, 1);
+    EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 300, 1000, 500, 4, DType::kF16),
+                                    Machine(2)).k_blocks, 4);
+  }
   // Float32 and float16 x past kGroupedMatmulMaxWholeK stream with several pieces an expert too
-  // (Mixtral's down projection: 1024 rows an expert, K 14336); bfloat16 x keeps the whole K
-  // there (but on AMX); at kGroupedMatmulMaxWholeK float32 keeps it too.
+  // (Mixtral's down projection: 1024 rows an expert, K 14336), so does bfloat16 (its own
+  // k-blocks); at kGroupedMatmulMaxWholeK float32 and float16 keep the whole K.
   const int64_t whole = kGroupedMatmulMaxWholeK;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));
-    const bool streams = dtype != DType::kBF16 || DetectCpuIdentity().amx_bf16;
+    const int64_t dtype_bk = dtype == DType::kBF16 ? bf16_bk : bk;
     EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 8192, 14336, 4096, 8, dtype),
-                                    Machine(2)).k_blocks, streams ? 14336 / bk : 1);
+                                    Machine(2)).k_blocks, 14336 / dtype_bk);
     EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 8192, whole, 4096, 8, dtype),
                                     Machine(2)).k_blocks,
-              dtype == DType::kBF16 && DetectCpuIdentity().amx_bf16 ? whole / bk : 1);
+              dtype == DType::kBF16 ? whole / dtype_bk : 1);
   }
-  // A last, shorter k-block: K = 1000 = 3 x 256 + 232.
-  const auto tail = Shape(GroupedMatmulOp::kForward, 300, 1000, 500, 4, DType::kBF16);
+  // A last, shorter k-block: K = 1000 = 3 x 256 + 232 (float16 x: k-blocks of 256 on every CPU).
+  const auto tail = Shape(GroupedMatmulOp::kForward, 300, 1000, 500, 4, DType::kF16);
   const auto pt = MakeGroupedMatmulPlan(tail, Machine(1));
   EXPECT_EQ(pt.k_blocks, 4);
   EXPECT_EQ(pt.last_k, 1000 - 3 * bk);
   EXPECT_EQ(GroupedMatmulTileGemmShape(tail).steps,
             (std::vector<MoeTileGemmShape::Step>{{bk, false}, {bk, true}, {1000 - 3 * bk, true}}));
-  // S1: 1024 rows an expert. bfloat16 on AMX streams, float32 keeps the whole K (B packed once
-  // for an expert's four pieces); K within one k-block: never.
+  // S1: 1024 rows an expert. bfloat16 streams (its own k-blocks), float32 keeps the whole K (B
+  // packed once for an expert's four pieces); K within one k-block: never.
   EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 8192, 2048, 1408, 8, DType::kBF16),
-                                  Machine(2)).k_blocks, DetectCpuIdentity().amx_bf16 ? 2048 / bk : 1);
+                                  Machine(2)).k_blocks, 2048 / bf16_bk);
   for (DType dtype : {DType::kF32, DType::kF16}) {
     EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 8192, 2048, 1408, 8, dtype),
                                     Machine(2)).k_blocks, 1);
@@ -625,11 +644,11 @@ TEST(grouped_matmul_plan, WorkspaceScalesWithThreads) {
 }
 
 TEST(grouped_matmul_plan, Json) {
-  auto s = Shape(GroupedMatmulOp::kForward, 1000, 300, 600, 8, DType::kBF16);
+  auto s = Shape(GroupedMatmulOp::kForward, 1000, 300, 600, 8, DType::kF16);  // k-blocks everywhere
   s.gather_fused = true;
   s.routing.batch = 500, s.routing.top_k = 2, s.routing.l = 1000;
   const std::string json = GroupedMatmulPlanToJson(MakeGroupedMatmulPlan(s, Machine(4)));
-  for (const char* field : {"\"op\": \"grouped_matmul\"", "\"dtype\": \"bfloat16\"",
+  for (const char* field : {"\"op\": \"grouped_matmul\"", "\"dtype\": \"float16\"",
                             "\"x\": \"tokens\"", "\"topK\": 2", "\"weight_layout\": \"GKN\"",
                             "\"order\": \"row_block_first\"", "\"k_blocks\": 2", "\"last_k\": 44",
                             "\"units\": 12", "\"a_stage_rows\": 256", "\"workspace_bytes\""}) {
