@@ -105,7 +105,7 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   // S2 65-66 -> 91-98, S3 39 -> 82-84; float32 S3 66-67 -> 79, S2 unchanged; float16 S3 37-38 ->
   // 60-62. Forced at S1 (1024 rows an expert: four pieces, four packs) float32 ran 90 -> 84 and
   // float16 80 -> 68, one round (not rerun with units of four row blocks, one pack). So: bfloat16 on AMX whenever K
-  // spans k-blocks; elsewhere (float32 GEMMs, bfloat16 without AMX: unmeasured) when experts
+  // spans k-blocks; float32 GEMMs when experts
   // average at most base_m rows (one piece), where k-blocks cost no extra pass; but not float32
   // that the CPU reads in place (MoeF32InPlaceKNOutrunsPackedBrgemm: gemm:jit blocks K itself).
   // And float32 and float16 x past kGroupedMatmulMaxWholeK, whose whole-K tiles would grow with

@@ -91,7 +91,7 @@ inline constexpr int64_t kGroupedMatmulStreamBaseK = 256;
 // binaries) 663-716 / 628-649 -> 659-686 / 647-670 (plain within the noise, gathered / plain
 // 91-95 -> 97-98%); S4 711-735 / 715-731 -> 723-743 / 730-747; two rounds S2 607-625 -> 631-657,
 // S3 540-555 -> 555-594; one round Mixtral's down projection (K 14336) 697 / 660 -> 680 / 662,
-// its workspace 29.4 -> 13.2 MiB at 2 threads, 940 -> 134 MiB at 64 (docs/benchmarks.md,
+// its workspace 29.4 -> 13.3 MiB at 2 threads, 940 -> 134 MiB at 64 (docs/benchmarks.md,
 // session 29). k-blocks of 512 read between.
 inline constexpr int64_t kGroupedMatmulBf16StreamBaseK = 1024;
 inline constexpr int64_t kGroupedMatmulStreamGroupCols = 2048;

@@ -55,14 +55,18 @@ TEST(grouped_matmul_plan, WeightGradWritesGradWeightDirect) {
   // bfloat16: direct through tiles of all N (one column block, the GEMM's ldc and width N), up to
   // N = kGroupedMatmulGradGroupCols; past it, tiles of at most base_n columns as before.
   const auto bf16 = Shape(GroupedMatmulOp::kWeightGrad, 4096, k, n, 16, DType::kBF16);
-  const bool whole = !GroupedMatmulStreamsGradWeight(DetectCpuIdentity());  // ChooseTiles asks the CPU
-  EXPECT_EQ(GroupedMatmulWholeRowTiles(bf16, false), true);
-  EXPECT_EQ(GroupedMatmulWholeRowTiles(bf16, true), false);
-  EXPECT_EQ(plan(bf16, false, n).out_direct, whole);
+  // ChooseTiles asks the CPU whether it streams gradWeight; the machine here says it does not
+  // and that its GEMM writes rows of stride N, so the plan writes direct on every CPU, in tiles of
+  // all N only where the CPU does not stream (elsewhere such a GEMM would be the micro-kernel's).
+  const bool whole = !GroupedMatmulStreamsGradWeight(DetectCpuIdentity());
+  EXPECT_TRUE(GroupedMatmulWholeRowTiles(bf16, false));
+  EXPECT_FALSE(GroupedMatmulWholeRowTiles(bf16, true));
+  EXPECT_TRUE(plan(bf16, false, n).out_direct);
   EXPECT_EQ(plan(bf16, false, n).base_n, whole ? n : 256);
   EXPECT_EQ(plan(bf16, false, n).col_blocks, whole ? 1 : 3);
-  EXPECT_EQ(plan(bf16, false, n).c_tile_elems, whole ? 0 : plan(bf16, false, 256).c_tile_elems);
-  EXPECT_EQ(GroupedMatmulTileGemmShape(bf16).ldc, n);  // dense in its width either way
+  EXPECT_EQ(plan(bf16, false, n).c_tile_elems, 0);
+  EXPECT_FALSE(plan(bf16, false, 256).out_direct);  // a GEMM of another C stride: tiles
+  EXPECT_EQ(GroupedMatmulTileGemmShape(bf16).ldc, whole ? n : 256);  // C dense in its width
   EXPECT_EQ(GroupedMatmulTileGemmShape(bf16).widths, std::vector<int64_t>{whole ? n : 256});
   const auto bf16_wide = Shape(GroupedMatmulOp::kWeightGrad, 4096, k, kGroupedMatmulGradGroupCols + 16,
                                16, DType::kBF16);
