@@ -77,7 +77,8 @@ SplitCost EstimateSplit(const MoeGradShape& s, DType gemm_dtype, int64_t base_n,
   const double rows = static_cast<double>(s.m) / static_cast<double>(chunks);  // per chunk
   const double experts = std::max(1.0, std::min(static_cast<double>(s.g), rows));
   const double per_expert = rows / experts;
-  // Tail tiles are padded to the granule: half a granule per expert and chunk, expected.
+  // Tail tiles cost as if padded to the granule: half a granule per expert and chunk, expected
+  // (oneDNN now runs tails as short calls, whose rows run at a lower rate; not re-fitted).
   const double padded = experts * std::max<double>(kMoeGradRowGranule,
                                                    per_expert + kMoeGradRowGranule / 2.0);
   const double width = static_cast<double>(s.k) / static_cast<double>(blocks);
@@ -198,6 +199,7 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape, bool gemm_any_s
   g.gemm_dtype = t.gemm_dtype;
   g.max_rows = t.base_m;
   g.row_granule = kMoeGradGemmRowGranule;
+  g.tail_calls = true;
   g.ldc = t.base_n;
   // The strides oneDNN's kernels are made for (a GEMM of any stride copies float16 only, the
   // same B tile).

@@ -40,9 +40,12 @@ inline constexpr int64_t kMoeGradBestBaseN = 256;     // widest gradX column blo
 inline constexpr int64_t kMoeGradMinBaseN = 32;       // narrowest one the work split may choose
 // The split's row unit: base_m is a multiple of it, and chunks keep this many rows of each expert.
 inline constexpr int64_t kMoeGradRowGranule = 16;
-// Tail tiles on a GEMM prepared per row count (oneDNN) are padded to this (gradY's next rows or
-// zeros), so base_m / 8 shapes per width and k-block: 8, not 16, measured faster for bfloat16
-// (S1 86 -> 91-95% of dense, S3 79-86 -> 85-86, S2 +2 points; session 14's benchmarks).
+// On a GEMM prepared per row count (oneDNN): kernels for every multiple of this up to base_m,
+// and for 1 .. this - 1 rows, a tail tile running as a multiple and a short call
+// (MoeTileGemmShape::tail_calls; S2 float32 +2..6 points of dense, bfloat16 +3..7, session 30).
+// Where the short kernels are dropped, tail tiles are padded to it (gradY's next rows or
+// zeros): 8, not 16, measured faster for bfloat16 then (S1 86 -> 91-95% of dense, S3 79-86 ->
+// 85-86, S2 +2 points; session 14's benchmarks).
 inline constexpr int64_t kMoeGradGemmRowGranule = 8;
 inline constexpr int64_t kMoeGradParallNum = 2;       // ring slots per thread (the seed's CV_PARALL_NUM)
 inline constexpr int32_t kMoeGradPlannedThreads = 128;  // the largest machine a split is made for
@@ -58,7 +61,7 @@ struct MoeGradMachine {
   uint64_t gemm_scratchpad_bytes;  // the GEMM library's per-thread scratch (the seed's system area)
   std::string gemm_backend;        // the library, e.g. "onednn"
   std::vector<std::pair<int64_t, std::string>> gemm_impls;  // per column width: its implementation
-  int64_t gemm_row_granule = kMoeGradGemmRowGranule;  // GEMM rows are padded to this (MoeTileGemm)
+  int64_t gemm_row_granule = kMoeGradGemmRowGranule;  // GEMM rows are padded to this (MoeTileGemm; 1: none)
   bool gemm_any_stride = false;  // the GEMM reads A and B at any stride (MoeTileGemm::takes_any_stride)
 };
 

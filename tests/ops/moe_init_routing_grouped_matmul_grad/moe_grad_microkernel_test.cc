@@ -186,7 +186,89 @@ TEST(moe_grad_gemm, AutoTakesOneDnnWhereItHasBrgemm) {
     const bool own_faster = dtype == DType::kF32 && MoeOwnF32TilesOutrunBrgemm(DetectCpuIdentity());
     const bool onednn = MoeGemmHasOneDnn() && gk::testing::CpuHasBrgemmFor(dtype) && !own_faster;
     EXPECT_EQ(m.gemm_backend, onednn ? "onednn" : "gradkit") << DTypeName(dtype);
-    EXPECT_EQ(m.gemm_row_granule, onednn ? kMoeGradGemmRowGranule : 1) << DTypeName(dtype);
+    // oneDNN: any row count too, run as a whole granule's call and a short one (tail_calls),
+    // where the short calls run on the same kernels (TailCallsGiveTheBitsOfPaddedRows).
+    if (onednn) {
+      EXPECT_TRUE(m.gemm_row_granule == 1 || m.gemm_row_granule == kMoeGradGemmRowGranule)
+          << DTypeName(dtype) << " " << m.gemm_row_granule;
+    } else {
+      EXPECT_EQ(m.gemm_row_granule, 1) << DTypeName(dtype);
+    }
+  }
+}
+
+// oneDNN with tail_calls: a row count off the granule runs as the granule's multiple and a
+// short call, A and C advanced by the multiple's rows: every row the sum of its own A row over
+// both k-blocks (the second accumulating), for both widths, nothing written past C's rows and
+// width, and the same bits on a second run. (Not the bits of the padded call: oneDNN may pick
+// another kernel for a row count, e.g. one that splits the reduction of a single row.) Sizes
+// from the granule: every remainder below and past one granule, and whole multiples. On float32
+// brgemm (AVX-512) the short calls must be taken.
+TEST(moe_grad_gemm, TailCallsRunAnyRowCount) {
+  if (!MoeGemmHasOneDnn()) GTEST_SKIP() << "built without oneDNN";
+  const EnvScope scope("GRADKIT_GEMM", "onednn");
+  const int64_t granule = kMoeGradGemmRowGranule;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    if (!gk::testing::CpuHasBrgemmFor(dtype)) continue;
+    SCOPED_TRACE(DTypeName(dtype));
+    const int64_t max_rows = 4 * granule, reduce = 48, widths[] = {32, 16};
+    MoeTileGemmShape shape{};
+    shape.gemm_dtype = dtype, shape.max_rows = max_rows, shape.row_granule = granule;
+    shape.ldc = widths[0], shape.ldb = reduce, shape.lda = reduce;
+    shape.widths = {widths[0], widths[1]};
+    shape.steps = {{reduce, false}, {reduce, true}};
+    shape.prepared_b = true;
+    MoeTileGemmShape padded_shape = shape;
+    shape.tail_calls = true;
+    const auto gemm = MoeTileGemm::Create(shape), padded = MoeTileGemm::Create(padded_shape);
+    ASSERT_EQ(gemm->name(), "onednn");
+    EXPECT_EQ(padded->row_granule(), granule);
+    if (dtype == DType::kF32) {
+      EXPECT_EQ(gemm->row_granule(), 1);
+    }
+    if (gemm->row_granule() != 1) continue;  // short calls dropped (another implementation)
+    std::vector<char> scratch(gemm->scratchpad_bytes() + 64);
+    const auto worker = gemm->MakeWorker(scratch.data());
+    const int64_t elem = ElementBytes(dtype);
+    const std::vector<uint16_t> a = Values(2 * max_rows * reduce, dtype, 3);  // [step][row][k]
+    for (const int64_t width : widths) {
+      const std::vector<uint16_t> b = Values(2 * width * reduce, dtype, 5);  // [step][n][k]
+      for (int64_t rows = 1; rows <= max_rows; ++rows) {
+        if (rows > granule && rows % granule == 0 && rows != max_rows) continue;
+        SCOPED_TRACE(::testing::Message() << "width " << width << " rows " << rows);
+        const auto run = [&] {
+          std::vector<float> c(static_cast<size_t>(max_rows * shape.ldc), -7.0f);
+          for (int64_t step = 0; step < 2; ++step) {
+            const char* a_step = reinterpret_cast<const char*>(a.data()) + step * max_rows * reduce * elem;
+            const char* b_step = reinterpret_cast<const char*>(b.data()) + step * width * reduce * elem;
+            worker->Run(rows, width, reduce, step > 0, a_step, worker->PrepareB(width, reduce, b_step),
+                        c.data());
+          }
+          return c;
+        };
+        const std::vector<float> c = run();
+        EXPECT_EQ(std::memcmp(c.data(), run().data(), c.size() * 4), 0) << "not deterministic";
+        for (int64_t r = 0; r < max_rows; ++r) {
+          for (int64_t n = 0; n < shape.ldc; ++n) {
+            const float got = c[static_cast<size_t>(r * shape.ldc + n)];
+            if (r >= rows || n >= width) {
+              ASSERT_EQ(got, -7.0f) << "wrote outside C's rows and width: " << r << "," << n;
+              continue;
+            }
+            double want = 0.0, magnitude = 0.0;
+            for (int64_t step = 0; step < 2; ++step) {
+              for (int64_t k = 0; k < reduce; ++k) {
+                const double p = static_cast<double>(LoadAsF32(a.data(), (step * max_rows + r) * reduce + k, dtype)) *
+                                 LoadAsF32(b.data(), (step * width + n) * reduce + k, dtype);
+                want += p;
+                magnitude += std::fabs(p);
+              }
+            }
+            ASSERT_NEAR(got, want, 1e-6 * magnitude + 1e-6) << r << "," << n;
+          }
+        }
+      }
+    }
   }
 }
 

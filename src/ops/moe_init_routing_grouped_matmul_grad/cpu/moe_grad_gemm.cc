@@ -299,6 +299,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
                         (shape.gemm_dtype != DType::kBF16 || PacksOwn(shape.widths.front())))) {
       MakeEntries(/*packed_b=*/false);
     }
+    if (shape.tail_calls && shape.row_counts.empty() && shape.row_granule > 1) AddTailEntries();
     for (const Entry& e : entries_) {
       const std::string name = e.pd.impl_info_str();
       std::string& impl = impls_[e.width];
@@ -321,7 +322,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
   }
   // The packed B (when used) first, then the library's scratchpad.
   uint64_t scratchpad_bytes() const override { return packed_b_bytes_ + scratchpad_bytes_; }
-  int64_t row_granule() const override { return shape_.row_granule; }
+  int64_t row_granule() const override { return tails_ ? 1 : shape_.row_granule; }
   bool packs_b() const override { return packed_b_; }
   bool prepares_b_from_kn() const override { return in_place_ || (packed_b_ && packs_from_kn_); }
   bool reads_b_in_place() const override { return in_place_; }
@@ -348,6 +349,22 @@ class OneDnnTileGemm final : public MoeTileGemm {
     }
     void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
              const void* b, float* c) override {
+      const int64_t granule = gemm_.shape_.row_granule;
+      if (gemm_.tails_ && rows > granule && rows % granule != 0) {  // the multiple, then the rest
+        const int64_t head = rows / granule * granule;
+        RunPrepared(head, width, reduce, accumulate, a, b, c);
+        RunPrepared(rows - head, width, reduce, accumulate,
+                    static_cast<const char*>(a) +
+                        head * gemm_.shape_.LdaOf(reduce) * ElementBytes(gemm_.shape_.gemm_dtype),
+                    b, c + head * gemm_.shape_.ldc);
+        return;
+      }
+      RunPrepared(rows, width, reduce, accumulate, a, b, c);
+    }
+
+   private:
+    void RunPrepared(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
+                     const void* b, float* c) {
       const size_t index = gemm_.Index(rows, width, reduce, accumulate);
       const Entry& e = gemm_.entries_[index];
       std::optional<Bound>& bound = bound_[index];
@@ -371,7 +388,6 @@ class OneDnnTileGemm final : public MoeTileGemm {
       e.primitive.execute(ThreadStream(), bound->args);
     }
 
-   private:
     const void* PackB(int64_t width, int64_t reduce, const void* b, bool kn) {
       const size_t index = gemm_.PackIndex(width, reduce);
       const OneDnnTileGemm::Pack& pack = gemm_.packs_[index];
@@ -442,16 +458,11 @@ class OneDnnTileGemm final : public MoeTileGemm {
     for (int64_t width : shape_.widths) {
       for (const auto& step : shape_.steps) {
         for (const int64_t rows : rows_) {
-          Entry e{MatmulDesc(shape_.gemm_dtype, rows, step.reduce, width,
-                             shape_.LdaOf(step.reduce), shape_.LdbOf(step.reduce), shape_.ldc,
-                             step.accumulate,
-                             /*user_scratchpad=*/true, packed_b, in_place_ ? shape_.ldb_kn : 0),
-                  {}, width};
+          Entry e = MakeEntry(rows, width, step, packed_b);
           if (in_place_ && std::string_view(e.pd.impl_info_str()).rfind("gemm:jit", 0) != 0) {
             entries_.clear();
             return false;
           }
-          e.primitive = dnnl::matmul(e.pd);
           scratchpad_bytes_ = std::max<uint64_t>(scratchpad_bytes_, e.pd.scratchpad_desc().get_size());
           if (packed_b && !AddPack(width, step.reduce, e.pd.weights_desc())) {
             entries_.clear();
@@ -463,6 +474,59 @@ class OneDnnTileGemm final : public MoeTileGemm {
       }
     }
     return true;
+  }
+
+  Entry MakeEntry(int64_t rows, int64_t width, const MoeTileGemmShape::Step& step,
+                  bool packed_b) const {
+    Entry e{MatmulDesc(shape_.gemm_dtype, rows, step.reduce, width, shape_.LdaOf(step.reduce),
+                       shape_.LdbOf(step.reduce), shape_.ldc, step.accumulate,
+                       /*user_scratchpad=*/true, packed_b, in_place_ ? shape_.ldb_kn : 0),
+            {}, width};
+    e.primitive = dnnl::matmul(e.pd);
+    return e;
+  }
+
+  // shape.tail_calls: the matmuls of 1 .. row_granule - 1 rows, in Index order among the
+  // others. Kept only where each one runs on the implementation of its (width, k-block)'s
+  // calls of a whole granule and, B packed, reads B in their layout; else none is, and Run's
+  // rows stay multiples of the granule.
+  void AddTailEntries() {
+    const int64_t granule = shape_.row_granule;
+    std::vector<Entry> tails;
+    uint64_t scratchpad = scratchpad_bytes_;
+    try {
+      for (int64_t width : shape_.widths) {
+        for (const auto& step : shape_.steps) {
+          const Entry& whole = entries_[Index(rows_.front(), width, step.reduce, step.accumulate)];
+          for (int64_t rows = 1; rows < granule; ++rows) {
+            Entry e = MakeEntry(rows, width, step, packed_b_);
+            if (std::string_view(e.pd.impl_info_str()) != whole.pd.impl_info_str() ||
+                (packed_b_ && e.pd.weights_desc() != whole.pd.weights_desc())) {
+              return;
+            }
+            scratchpad = std::max<uint64_t>(scratchpad, e.pd.scratchpad_desc().get_size());
+            tails.push_back(std::move(e));
+          }
+        }
+      }
+    } catch (const dnnl::error&) {
+      return;
+    }
+    std::vector<Entry> entries;
+    entries.reserve(entries_.size() + tails.size());
+    auto whole = entries_.begin();
+    auto tail = tails.begin();
+    for (size_t group = 0; group < shape_.widths.size() * shape_.steps.size(); ++group) {
+      for (int64_t rows = 1; rows < granule; ++rows) entries.push_back(std::move(*tail++));
+      for (size_t r = 0; r < rows_.size(); ++r) entries.push_back(std::move(*whole++));
+    }
+    std::vector<int64_t> rows;
+    for (int64_t r = 1; r < granule; ++r) rows.push_back(r);
+    rows.insert(rows.end(), rows_.begin(), rows_.end());
+    rows_ = std::move(rows);
+    entries_ = std::move(entries);
+    scratchpad_bytes_ = scratchpad;
+    tails_ = true;
   }
 
   bool AddPack(int64_t width, int64_t reduce, const dnnl::memory::desc& packed) {
@@ -616,6 +680,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
   bool packed_b_ = false;
   bool packs_from_kn_ = false;  // every pack also has its reorder from B^T's rows
   bool in_place_ = false;       // shape.b_in_place taken: B^T's rows read by gemm:jit, no pack
+  bool tails_ = false;          // shape.tail_calls taken (AddTailEntries)
   uint64_t scratchpad_bytes_ = 0;
   uint64_t packed_b_bytes_ = 0;
   std::map<int64_t, std::string> impls_;

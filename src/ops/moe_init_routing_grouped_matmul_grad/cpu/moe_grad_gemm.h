@@ -21,6 +21,12 @@ struct MoeTileGemmShape {
   int64_t row_granule;          // rows are always a multiple of this
   // The row counts called with, ascending; empty: every multiple of row_granule up to max_rows.
   std::vector<int64_t> row_counts;
+  // With row_counts empty: kernels for 1 .. row_granule - 1 rows too, so that Run takes any row
+  // count up to max_rows (row_granule() 1): a count past a multiple of the granule runs as two
+  // calls, that multiple and then the rest (A and C advanced by its rows), instead of the caller
+  // padding it. Dropped where the library would run a short call on another implementation or
+  // want B packed differently for it (MoeTileGemm::row_granule then says the granule).
+  bool tail_calls = false;
   int64_t ldc;                  // row stride of C (base_n)
   int64_t ldb;                  // row stride of B (N: weights read in place; base_k: a converted copy)
   std::vector<int64_t> widths;  // the C widths asked for (base_n, and the last block's)
