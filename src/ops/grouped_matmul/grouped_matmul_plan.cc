@@ -142,6 +142,7 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
   g.gemm_dtype = t.gemm_dtype;
   g.max_rows = t.base_m;
   g.row_granule = kGroupedMatmulRowGranule;
+  g.tail_calls = true;  // forward tiles: no padded rows (weight grad: its own row_counts)
   g.ldc = t.base_n;
   // Both operands dense in their reduction: forward A = x rows and B = [N, K] weight rows (in
   // place or copied), lda = ldb = K; weight grad both transposed copies of base_r columns. (A B
