@@ -42,7 +42,8 @@ inline constexpr int64_t kMoeGradMinBaseN = 32;       // narrowest one the work 
 inline constexpr int64_t kMoeGradRowGranule = 16;
 // On a GEMM prepared per row count (oneDNN): kernels for every multiple of this up to base_m,
 // and for 1 .. this - 1 rows, a tail tile running as a multiple and a short call
-// (MoeTileGemmShape::tail_calls; S2 float32 +2..6 points of dense, bfloat16 +3..7, session 30).
+// (MoeTileGemmShape::tail_calls; four rounds, bfloat16 S2 and S3 +4 points of dense on the
+// mean, float32 within the noise, session 30).
 // Where the short kernels are dropped, tail tiles are padded to it (gradY's next rows or
 // zeros): 8, not 16, measured faster for bfloat16 then (S1 86 -> 91-95% of dense, S3 79-86 ->
 // 85-86, S2 +2 points; session 14's benchmarks).

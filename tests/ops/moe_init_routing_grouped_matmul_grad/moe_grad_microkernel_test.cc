@@ -200,8 +200,8 @@ TEST(moe_grad_gemm, AutoTakesOneDnnWhereItHasBrgemm) {
 // oneDNN with tail_calls: a row count off the granule runs as the granule's multiple and a
 // short call, A and C advanced by the multiple's rows: every row the sum of its own A row over
 // both k-blocks (the second accumulating), for both widths, nothing written past C's rows and
-// width, and the same bits on a second run. (Not the bits of the padded call: oneDNN may pick
-// another kernel for a row count, e.g. one that splits the reduction of a single row.) Sizes
+// width, and the same bits on a second run. (Not the bits of the padded call: with oneDNN 2.6 on
+// Zen 5 a call of one row and 16 columns differed from it in the last bit.) Sizes
 // from the granule: every remainder below and past one granule, and whole multiples. On float32
 // brgemm (AVX-512) the short calls must be taken.
 TEST(moe_grad_gemm, TailCallsRunAnyRowCount) {

@@ -492,6 +492,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
   // rows stay multiples of the granule.
   void AddTailEntries() {
     const int64_t granule = shape_.row_granule;
+    if (rows_.empty()) return;  // max_rows below one granule: nothing to add a tail to
     std::vector<Entry> tails;
     uint64_t scratchpad = scratchpad_bytes_;
     try {
