@@ -7,6 +7,7 @@
 #include "core/executor.h"
 #include "core/plan_math.h"
 #include "core/thread_pool.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 
 namespace gk {
 namespace {
@@ -73,13 +74,25 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   t.base_m = std::min(kGroupedMatmulBaseM, RoundUp(extent, kGroupedMatmulRowGranule));
   // Output columns: the widest multiple of 16 in [base_n / 2, base_n] that divides N, so that every
   // block has one width (oneDNN runs a narrower tail block, whose C is not dense in the tile, on
-  // its slower gemm:jit); else base_n, with a tail.
+  // its slower gemm:jit); else base_n, with a tail. The weight gradient's float32 GEMMs look first
+  // for a multiple of the micro-kernel's panel width (32 float32 columns on AVX-512, 16 on AVX2),
+  // where they run on it (Zen 4/5): a block of N = 1408 / 8 = 176 columns is 5.5 panels, and the
+  // half panel ran through a zero-padded tile, 1/12 of the multiply-adds wasted. Blocks of 128
+  // instead, Zen 5, 2 threads, three rounds in turn, percent of dense: S1 84, 83, 83 -> 92, 91,
+  // 90; S4 83, 84, 83 -> 93, 91, 91 (docs/benchmarks.md, session 31). oneDNN's brgemm takes
+  // either width (not measured on the Intel CPUs where it runs these tiles).
   t.base_n = std::min(kGroupedMatmulBaseN, s.n);
-  for (int64_t width = kGroupedMatmulBaseN; width >= kGroupedMatmulBaseN / 2 && s.n > width; width -= 16) {
-    if (s.n % width == 0) {
-      t.base_n = width;
-      break;
+  const auto widest_dividing = [&](int64_t step) {
+    for (int64_t width = kGroupedMatmulBaseN; width >= kGroupedMatmulBaseN / 2 && s.n > width; width -= step) {
+      if (s.n % width == 0) return width;
     }
+    return int64_t{0};
+  };
+  const int64_t panel = !forward && t.gemm_dtype == DType::kF32 ? MoeMicroPanelWidth() : 16;
+  if (const int64_t width = panel > 16 ? widest_dividing(panel) : 0; width > 0) {
+    t.base_n = width;
+  } else if (const int64_t width16 = widest_dividing(16); width16 > 0) {
+    t.base_n = width16;
   }
   t.reduce = forward ? s.k
                      : std::min(kGroupedMatmulBaseR,

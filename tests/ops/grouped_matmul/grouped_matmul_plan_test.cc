@@ -7,6 +7,7 @@
 
 #include "ops/grouped_matmul/grouped_matmul_plan.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 #include "tests/ops/op_test_support.h"
 
 namespace gk {
@@ -329,13 +330,20 @@ TEST(grouped_matmul_plan, PackingGemmTakesKNWeightRows) {
   EXPECT_EQ(GroupedMatmulTileGemmShape(grad).ldb_kn, 512);
 }
 
-// Column blocks of one width where N allows (N = 1408 = 8 x 176); else 256 and a tail.
+// Column blocks of one width where N allows (N = 1408 = 8 x 176); else 256 and a tail. The
+// weight gradient's float32 blocks are whole micro-kernel panels where such a width divides N
+// (1408 = 11 x 128 where panels are 32 wide, AVX-512), so that no panel is padded.
 TEST(grouped_matmul_plan, ColumnBlocksDivideN) {
   for (auto op : {GroupedMatmulOp::kForward, GroupedMatmulOp::kWeightGrad}) {
     const auto p = MakeGroupedMatmulPlan(Shape(op, 4096, 2048, 1408, 8), Machine(2));
-    EXPECT_EQ(p.base_n, 176);
-    EXPECT_EQ(p.col_blocks, 8);
-    EXPECT_EQ(p.last_block_cols, 176);
+    const int64_t panel = MoeMicroPanelWidth();
+    const int64_t width = op == GroupedMatmulOp::kWeightGrad && 176 % panel != 0 ? 128 : 176;
+    EXPECT_EQ(p.base_n, width);
+    EXPECT_EQ(p.col_blocks, 1408 / width);
+    EXPECT_EQ(p.last_block_cols, width);
+    if (op == GroupedMatmulOp::kWeightGrad) {
+      EXPECT_EQ(p.base_n % panel, 0);
+    }
     EXPECT_EQ(MakeGroupedMatmulPlan(Shape(op, 4096, 2048, 768, 8), Machine(2)).base_n, 256);
     EXPECT_EQ(MakeGroupedMatmulPlan(Shape(op, 4096, 2048, 100, 8), Machine(2)).base_n, 100);
     // No tail narrower than 16 columns (oneDNN 3.7 wrote a one-column tail as zeros): 257 = 144 + 113.
