@@ -352,7 +352,7 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
   void RunUnits(int64_t begin, int64_t end, const Tables& tables,
                 ThreadSlots& slots) const override {
     const GroupedMatmulPlan& p = plan_;
-    std::vector<const void*> rows(static_cast<size_t>(p.reduce));
+    std::vector<const void*> rows(static_cast<size_t>(p.reduce + p.reduce_fold));
     const int64_t per_expert = p.KGroups() * p.NGroups();
     for (int64_t u = begin; u < end; ++u) {
       RunUnit(u / per_expert, u % per_expert / p.NGroups(), u % p.NGroups(), tables, slots, rows);
@@ -399,9 +399,11 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
                 0.0f);
     }
     const char* dy = TensorBase(operand_);
-    for (int64_t c0 = begin; c0 < end; c0 += p.reduce) {
-      const int64_t chunk = std::min(p.reduce, end - c0);
-      // p.reduce but for an expert's last chunk
+    for (int64_t c0 = begin, chunk = 0; c0 < end; c0 += chunk) {
+      // p.reduce but for an expert's last chunk, which takes a remainder of at most reduce_fold
+      // rows with it
+      chunk = std::min(p.reduce, end - c0);
+      if (end - c0 - chunk <= p.reduce_fold) chunk = end - c0;
       const int64_t reduce = (chunk + p.reduce_granule - 1) / p.reduce_granule * p.reduce_granule;
       // The chunk's x columns [k0, k1) and gradY columns [n0, n1), transposed once for the group:
       // A = [k, row] (zero rows up to the last block's padding), B = [n, row], rows of `reduce`

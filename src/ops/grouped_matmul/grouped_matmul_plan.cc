@@ -182,6 +182,7 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
     if (last_rows != t.base_m) g.row_counts.push_back(t.base_m);
     g.dense_steps = true;
     g.own_f32_where_faster = true;
+    g.fold_reduce = GroupedMatmulReduceFold(t.reduce);
     // Not where oneDNN is asked for (GRADKIT_GEMM=onednn): its 2.6 runs such a C on gemm:jit.
     if (MoeTileGemmChoiceFromEnv() != MoeTileGemmChoice::kOneDnn &&
         GroupedMatmulWritesGradWeightDirect(s, GroupedMatmulStreamsGradWeight(DetectCpuIdentity()))) {
@@ -257,6 +258,7 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
   p.row_granule = machine.gemm_row_granule;
   // A GEMM that takes any row count (the own kernel) pads nothing.
   p.reduce_granule = forward || p.row_granule == 1 ? 1 : ReduceGranule(t.gemm_dtype);
+  p.reduce_fold = !forward && p.row_granule == 1 ? GroupedMatmulReduceFold(t.reduce) : 0;
   p.row_blocks = t.row_blocks;
   p.last_block_rows = t.last_block_rows;
   p.col_blocks = t.col_blocks;
@@ -334,8 +336,8 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
     p.out_direct = GroupedMatmulWritesGradWeightDirect(s, machine.streams_grad_weight) &&
                    machine.gemm_ldc == s.n;
     p.c_tile_elems = p.out_direct ? 0 : p.k_group_blocks * p.n_group_blocks * p.base_m * p.base_n;
-    p.a_tile_elems = s.m == 0 ? 0 : p.k_group_blocks * p.base_m * p.reduce;
-    p.b_tile_elems = s.m == 0 ? 0 : p.n_group_blocks * p.base_n * p.reduce;
+    p.a_tile_elems = s.m == 0 ? 0 : p.k_group_blocks * p.base_m * (p.reduce + p.reduce_fold);
+    p.b_tile_elems = s.m == 0 ? 0 : p.n_group_blocks * p.base_n * (p.reduce + p.reduce_fold);
   }
   p.machine_threads = std::max<int32_t>(machine.threads, 1);
   p.threads = static_cast<int32_t>(std::clamp<int64_t>(machine.threads, 1, std::max<int64_t>(p.units, 1)));
@@ -386,7 +388,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       "\"gemm_backend\": \"{}\", \"gemm_impl\": {{{}}}, "
       "\"shape\": {{\"M\": {}, \"K\": {}, \"N\": {}, \"G\": {}}}, {}, \"group_list_type\": \"{}\", "
       "{}\"base_m\": {}, \"base_n\": {}, \"reduce\": {}, \"base_k\": {}, \"k_blocks\": {}, "
-      "\"last_k\": {}, \"row_granule\": {}, \"reduce_granule\": {}, "
+      "\"last_k\": {}, \"row_granule\": {}, \"reduce_granule\": {}, \"reduce_fold\": {}, "
       "\"work_split\": {{\"row_blocks\": {}, \"last_block_rows\": {}, \"col_blocks\": {}, "
       "\"last_block_cols\": {}, \"k_group_blocks\": {}, \"m_group_blocks\": {}, \"n_group_blocks\": {}, \"units\": {}, \"order\": \"{}\", \"units_per_grab\": {}}}, "
       "\"a_copied\": {}, \"a_stage_rows\": {}, \"b_copied\": {}, \"b_from_kn\": {}, \"b_kn_tile\": {}, \"b_tile_ld\": {}, \"stream_out\": {}, \"out_direct\": {}, \"threads\": {}, \"machine_threads\": {}, "
@@ -397,7 +399,7 @@ std::string GroupedMatmulPlanToJson(const GroupedMatmulPlan& p) {
       DTypeName(s.out_dtype), DTypeName(p.gemm_dtype), p.gemm_backend, impls, s.m, s.k, s.n, s.g,
       routing, GroupListTypeName(s.routing.group_list_type),
       forward ? fmt::format("\"weight_layout\": \"{}\", ", s.weight_nk ? "GNK" : "GKN") : "",
-      p.base_m, p.base_n, p.reduce, p.base_k, p.k_blocks, p.last_k, p.row_granule, p.reduce_granule, p.row_blocks, p.last_block_rows, p.col_blocks,
+      p.base_m, p.base_n, p.reduce, p.base_k, p.k_blocks, p.last_k, p.row_granule, p.reduce_granule, p.reduce_fold, p.row_blocks, p.last_block_rows, p.col_blocks,
       p.last_block_cols, p.k_group_blocks, p.m_group_blocks, p.n_group_blocks, p.units,
       forward ? (p.column_block_first ? "column_block_first" : "row_block_first")
               : "expert_k_group_n_group",

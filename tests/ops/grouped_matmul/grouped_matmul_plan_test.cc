@@ -421,6 +421,30 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
   EXPECT_EQ(gemm.widths, (std::vector<int64_t>{256, 600 - 512}));
 }
 
+// Weight grad on a GEMM that takes any reduction: an expert's remainder of up to a quarter of a
+// chunk joins its last full chunk, so the chunk's A and B tiles hold base_r + that many rows and
+// the own kernel packs B for it; GEMMs of per-step kernels (row granule 16) fold nothing, nor
+// does the forward.
+TEST(grouped_matmul_plan, WeightGradFoldsShortRemainders) {
+  const auto s = Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8);
+  GroupedMatmulMachine any_rows = Machine(2);
+  any_rows.gemm_row_granule = 1;
+  const GroupedMatmulPlan folds = MakeGroupedMatmulPlan(s, any_rows);
+  EXPECT_EQ(folds.reduce, kGroupedMatmulBaseR);
+  EXPECT_EQ(folds.reduce_fold, kGroupedMatmulBaseR / 4);
+  EXPECT_EQ(folds.a_tile_elems, folds.k_group_blocks * folds.base_m * (kGroupedMatmulBaseR * 5 / 4));
+  EXPECT_EQ(folds.b_tile_elems, folds.n_group_blocks * folds.base_n * (kGroupedMatmulBaseR * 5 / 4));
+  EXPECT_NE(GroupedMatmulPlanToJson(folds).find("\"reduce_fold\": 64"), std::string::npos);
+  const GroupedMatmulPlan padded = MakeGroupedMatmulPlan(s, Machine(2));  // row granule 16
+  EXPECT_EQ(padded.reduce_fold, 0);
+  EXPECT_EQ(padded.a_tile_elems, padded.k_group_blocks * padded.base_m * kGroupedMatmulBaseR);
+  EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 5000, 300, 600, 8), any_rows).reduce_fold, 0);
+  // The tile GEMM is told, so that the own kernel's packed B holds the longest folded chunk.
+  EXPECT_EQ(GroupedMatmulTileGemmShape(s).fold_reduce, kGroupedMatmulBaseR / 4);
+  const auto own = MoeTileGemm::CreateOwn(GroupedMatmulTileGemmShape(s));
+  EXPECT_GE(own->scratchpad_bytes(), MoeMicroPackedBytes(256, kGroupedMatmulBaseR * 5 / 4));
+}
+
 // Forward k-blocks (streamed weights): bfloat16 on AMX whenever K spans more than one k-block,
 // otherwise when experts average at most base_m rows (float32 on CPUs that read it in place only
 // past kGroupedMatmulMaxWholeK), and float32 x past kGroupedMatmulMaxWholeK whatever the rows;
