@@ -182,14 +182,15 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
     if (last_rows != t.base_m) g.row_counts.push_back(t.base_m);
     g.dense_steps = true;
     g.own_f32_where_faster = true;
-    g.fold_reduce = GroupedMatmulReduceFold(t.reduce);
     // Not where oneDNN is asked for (GRADKIT_GEMM=onednn): its 2.6 runs such a C on gemm:jit.
     if (MoeTileGemmChoiceFromEnv() != MoeTileGemmChoice::kOneDnn &&
         GroupedMatmulWritesGradWeightDirect(s, GroupedMatmulStreamsGradWeight(DetectCpuIdentity()))) {
       g.ldc = s.n;
     }
     g.steps.clear();
-    for (int64_t r = ReduceGranule(t.gemm_dtype); r <= t.reduce; r += ReduceGranule(t.gemm_dtype)) {
+    // Up to a chunk and a folded remainder (GroupedMatmulReduceFold).
+    const int64_t longest = t.reduce + GroupedMatmulReduceFold(t.reduce);
+    for (int64_t r = ReduceGranule(t.gemm_dtype); r <= longest; r += ReduceGranule(t.gemm_dtype)) {
       g.steps.push_back({r, false});
       g.steps.push_back({r, true});
     }
@@ -258,7 +259,7 @@ GroupedMatmulPlan MakeGroupedMatmulPlan(const GroupedMatmulShape& s,
   p.row_granule = machine.gemm_row_granule;
   // A GEMM that takes any row count (the own kernel) pads nothing.
   p.reduce_granule = forward || p.row_granule == 1 ? 1 : ReduceGranule(t.gemm_dtype);
-  p.reduce_fold = !forward && p.row_granule == 1 ? GroupedMatmulReduceFold(t.reduce) : 0;
+  p.reduce_fold = forward ? 0 : GroupedMatmulReduceFold(t.reduce);
   p.row_blocks = t.row_blocks;
   p.last_block_rows = t.last_block_rows;
   p.col_blocks = t.col_blocks;

@@ -40,8 +40,8 @@
 // (the first chunk writes, the rest add), each chunk one GEMM:
 //   C[k, n] (+)= sum over the chunk's rows i of x(i)[k] * gradY[i, n]        (float32)
 // The expert's last chunk reduces over its rows padded to reduce_granule (zeros past them), not to
-// base_r; on a GEMM that takes any reduction (reduce_granule 1), a remainder of at most
-// reduce_fold rows joins the last full chunk instead of making a chunk of its own. A is x's chunk transposed; B is gradY's chunk rows packed by the GEMM library straight
+// base_r; a remainder of at most reduce_fold rows joins the last full chunk instead of making a
+// chunk of its own. A is x's chunk transposed; B is gradY's chunk rows packed by the GEMM library straight
 // from gradY (b_from_kn, chunks that need no padding) or from a transposed, zero-padded copy. Then C is rounded
 // into gradWeight; an expert without rows gets zeros. A unit is a group of tiles of one expert,
 // k_group_blocks x n_group_blocks of them, run chunk by chunk: each chunk's x and gradY columns
@@ -71,12 +71,13 @@ inline constexpr int64_t kGroupedMatmulBaseM = 256;    // rows per tile GEMM (fo
 inline constexpr int64_t kGroupedMatmulBaseN = 256;    // output columns per tile
 inline constexpr int64_t kGroupedMatmulBaseR = 256;    // weight grad: rows reduced per GEMM call
 inline constexpr int64_t kGroupedMatmulRowGranule = 16;  // GEMM rows are padded to this
-// Weight grad on a GEMM that takes any reduction (the micro-kernel): an expert's rows past its
-// last full chunk of `reduce` join that chunk when at most this many, so that a chunk of a few
-// rows does not read and write the unit's whole block of float32 gradWeight once more for a few
-// percent of its arithmetic (S2: 64 experts of about 256 rows, half of them a few rows over).
-// Zen 5, float32 S2, six rounds in turn, plain GFLOP/s mean 295 -> 308, gathered 287 -> 313
-// (docs/benchmarks.md, session 31). The chunk's tiles grow by as much (a quarter).
+// Weight grad: an expert's rows past its last full chunk of `reduce` join that chunk when at most
+// this many, so that a chunk of a few rows does not read and write the unit's whole block of
+// float32 gradWeight (or C tiles) once more for a few percent of its arithmetic (S2: 64 experts
+// of about 256 rows, half of them a few rows over). Zen 5, S2, percent of dense: bfloat16 85,
+// 83, 85 -> 92, 99, 96 (three rounds); float32 plain GFLOP/s mean 295 -> 314 over five
+// (docs/benchmarks.md, session 31). The chunk's tiles grow by as much (a quarter), and the tile
+// GEMM is prepared for reductions up to reduce + this.
 inline int64_t GroupedMatmulReduceFold(int64_t reduce) { return reduce / 4; }
 // Weight grad, bfloat16 on AMX CPUs: an expert's last chunk padded to this many rows (its
 // reduction), not 16: oneDNN 2.6 runs an AMX brgemm only on reductions of whole 32-row blocks.
@@ -214,7 +215,7 @@ struct GroupedMatmulPlan {
   int64_t row_granule;
   int64_t reduce_granule;  // weight grad: an expert's last chunk padded to this (1: not padded)
   // Weight grad: a remainder of at most this many rows past an expert's last full chunk is
-  // reduced with that chunk (GroupedMatmulReduceFold where reduce_granule is 1, else 0).
+  // reduced with that chunk (GroupedMatmulReduceFold; forward: 0).
   int64_t reduce_fold;
   int64_t row_blocks;    // forward: ceil(M / base_m); weight grad: ceil(K / base_m)
   int64_t last_block_rows;

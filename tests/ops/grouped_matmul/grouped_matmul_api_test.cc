@@ -198,11 +198,10 @@ TEST(grouped_matmul_api, TopKOneToEight) {
 }
 
 // An expert with exactly the chunk's rows, one less, one more, two chunks and a tail: the weight
-// gradient's reduction chunks (first writes, the rest add). Where the GEMM takes any reduction,
-// a remainder of up to a quarter chunk joins the last full chunk: 257 and 320 (= 256 + 64) rows
-// in one chunk, 321 in two, 830 (= 3 x 256 + 62) in three, the last of 318 rows. K 24 keeps C
-// tiles; K 32 writes float32 gradWeight direct where the CPU does not stream it (the own kernel
-// on AMD: folds there without GRADKIT_GEMM=gradkit too).
+// gradient's reduction chunks (first writes, the rest add). A remainder of up to a quarter
+// chunk joins the last full chunk: 257 and 320 (= 256 + 64) rows in one chunk, 321 in two, 830
+// (= 3 x 256 + 62) in three, the last of 318 rows. K 24 keeps C tiles; K 32 writes float32
+// gradWeight direct where the CPU does not stream it.
 TEST(grouped_matmul_api, WeightGradReductionChunks) {
   for (int64_t rows : {255, 256, 257, 320, 321, 512, 700, 830}) {
     for (int64_t k : {24, 32}) {

@@ -393,9 +393,10 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
   const auto few = MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 20, 8, 8, 1), Machine(3));
   EXPECT_EQ(few.reduce, 32);
   const MoeTileGemmShape gemm = GroupedMatmulTileGemmShape(Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8));
-  // Every chunk length an expert can end with (its rows padded to 16, up to base_r), each as
-  // the first chunk (writes) and a later one (adds); A and B dense in that length.
-  ASSERT_EQ(gemm.steps.size(), 2u * 256 / 16);
+  // Every chunk length an expert can end with (its rows padded to 16, up to base_r and a folded
+  // remainder), each as the first chunk (writes) and a later one (adds); A and B dense in that
+  // length.
+  ASSERT_EQ(gemm.steps.size(), 2u * 320 / 16);
   for (size_t i = 0; i < gemm.steps.size(); ++i) {
     EXPECT_EQ(gemm.steps[i].reduce, static_cast<int64_t>(i / 2 + 1) * 16);
     EXPECT_EQ(gemm.steps[i].accumulate, i % 2 == 1);
@@ -409,7 +410,7 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
   const auto bf16 = Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8, DType::kBF16);
   EXPECT_EQ(MakeGroupedMatmulPlan(bf16, Machine(3)).reduce_granule, bf16_granule);
   const MoeTileGemmShape bf16_gemm = GroupedMatmulTileGemmShape(bf16);
-  ASSERT_EQ(bf16_gemm.steps.size(), static_cast<size_t>(2 * 256 / bf16_granule));
+  ASSERT_EQ(bf16_gemm.steps.size(), static_cast<size_t>(2 * 320 / bf16_granule));
   EXPECT_EQ(bf16_gemm.steps.front().reduce, bf16_granule);
   EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 40, 8, 8, 1, DType::kBF16),
                                   Machine(3)).reduce, bf16_granule == 32 ? 64 : 48);  // 40 rows
@@ -421,27 +422,25 @@ TEST(grouped_matmul_plan, WeightGradTilesFromTheShape) {
   EXPECT_EQ(gemm.widths, (std::vector<int64_t>{256, 600 - 512}));
 }
 
-// Weight grad on a GEMM that takes any reduction: an expert's remainder of up to a quarter of a
-// chunk joins its last full chunk, so the chunk's A and B tiles hold base_r + that many rows and
-// the own kernel packs B for it; GEMMs of per-step kernels (row granule 16) fold nothing, nor
-// does the forward.
+// Weight grad: an expert's remainder of up to a quarter of a chunk joins its last full chunk, so
+// the chunk's A and B tiles hold base_r + that many rows and the tile GEMM is prepared for
+// reductions that long (whatever its row granule); the forward folds nothing.
 TEST(grouped_matmul_plan, WeightGradFoldsShortRemainders) {
   const auto s = Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8);
   GroupedMatmulMachine any_rows = Machine(2);
   any_rows.gemm_row_granule = 1;
-  const GroupedMatmulPlan folds = MakeGroupedMatmulPlan(s, any_rows);
-  EXPECT_EQ(folds.reduce, kGroupedMatmulBaseR);
-  EXPECT_EQ(folds.reduce_fold, kGroupedMatmulBaseR / 4);
-  EXPECT_EQ(folds.a_tile_elems, folds.k_group_blocks * folds.base_m * (kGroupedMatmulBaseR * 5 / 4));
-  EXPECT_EQ(folds.b_tile_elems, folds.n_group_blocks * folds.base_n * (kGroupedMatmulBaseR * 5 / 4));
-  EXPECT_NE(GroupedMatmulPlanToJson(folds).find("\"reduce_fold\": 64"), std::string::npos);
-  const GroupedMatmulPlan padded = MakeGroupedMatmulPlan(s, Machine(2));  // row granule 16
-  EXPECT_EQ(padded.reduce_fold, 0);
-  EXPECT_EQ(padded.a_tile_elems, padded.k_group_blocks * padded.base_m * kGroupedMatmulBaseR);
+  for (const GroupedMatmulMachine& machine : {Machine(2), any_rows}) {
+    const GroupedMatmulPlan p = MakeGroupedMatmulPlan(s, machine);
+    EXPECT_EQ(p.reduce, kGroupedMatmulBaseR);
+    EXPECT_EQ(p.reduce_fold, kGroupedMatmulBaseR / 4);
+    EXPECT_EQ(p.a_tile_elems, p.k_group_blocks * p.base_m * (kGroupedMatmulBaseR * 5 / 4));
+    EXPECT_EQ(p.b_tile_elems, p.n_group_blocks * p.base_n * (kGroupedMatmulBaseR * 5 / 4));
+    EXPECT_NE(GroupedMatmulPlanToJson(p).find("\"reduce_fold\": 64"), std::string::npos);
+  }
   EXPECT_EQ(MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kForward, 5000, 300, 600, 8), any_rows).reduce_fold, 0);
-  // The tile GEMM is told, so that the own kernel's packed B holds the longest folded chunk.
-  EXPECT_EQ(GroupedMatmulTileGemmShape(s).fold_reduce, kGroupedMatmulBaseR / 4);
-  const auto own = MoeTileGemm::CreateOwn(GroupedMatmulTileGemmShape(s));
+  const MoeTileGemmShape gemm = GroupedMatmulTileGemmShape(s);
+  EXPECT_EQ(gemm.steps.back().reduce, kGroupedMatmulBaseR * 5 / 4);
+  const auto own = MoeTileGemm::CreateOwn(gemm);  // its packed B holds the longest folded chunk
   EXPECT_GE(own->scratchpad_bytes(), MoeMicroPackedBytes(256, kGroupedMatmulBaseR * 5 / 4));
 }
 

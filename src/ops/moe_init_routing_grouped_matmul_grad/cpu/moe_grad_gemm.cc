@@ -48,7 +48,7 @@ class MicroTileGemm final : public MoeTileGemm {
     uint64_t packed = 0;
     for (const int64_t width : shape.widths) {
       for (const auto& step : shape.steps) {
-        packed = std::max(packed, MoeMicroPackedBytes(width, step.reduce + shape.fold_reduce));
+        packed = std::max(packed, MoeMicroPackedBytes(width, step.reduce));
       }
     }
     packed_bytes_ = static_cast<uint64_t>(RoundUp(static_cast<int64_t>(packed), 64));

@@ -66,11 +66,6 @@ struct MoeTileGemmShape {
   // Set by the fused op and GroupedMatmulWeightGrad, not by GroupedMatmul's forward (whose dense
   // x rows and B packed once per expert block run faster on oneDNN at S1/S4, docs/benchmarks.md).
   bool own_f32_where_faster = false;
-  // Calls may reduce up to this many elements past the longest step where the GEMM takes any
-  // reduction (row_granule() 1: the own kernel), which sizes its packed B for them: the weight
-  // grad's folded last chunks (GroupedMatmulReduceFold). A GEMM whose kernels are made per step
-  // (oneDNN, row_granule() > 1) is never called so.
-  int64_t fold_reduce = 0;
 };
 
 // CPUs where oneDNN 2.6's float32 brgemm loses to the micro-kernel on the fused op's tiles (and
