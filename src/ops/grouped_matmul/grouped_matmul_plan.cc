@@ -89,11 +89,9 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
     return int64_t{0};
   };
   const int64_t panel = !forward && t.gemm_dtype == DType::kF32 ? MoeMicroPanelWidth() : 16;
-  if (const int64_t width = panel > 16 ? widest_dividing(panel) : 0; width > 0) {
-    t.base_n = width;
-  } else if (const int64_t width16 = widest_dividing(16); width16 > 0) {
-    t.base_n = width16;
-  }
+  int64_t width = widest_dividing(panel);
+  if (width == 0 && panel != 16) width = widest_dividing(16);
+  if (width > 0) t.base_n = width;
   t.reduce = forward ? s.k
                      : std::min(kGroupedMatmulBaseR,
                                 RoundUp(std::max<int64_t>(s.m, 1), ReduceGranule(t.gemm_dtype)));
