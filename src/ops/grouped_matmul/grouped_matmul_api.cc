@@ -400,10 +400,7 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
     }
     const char* dy = TensorBase(operand_);
     for (int64_t c0 = begin, chunk = 0; c0 < end; c0 += chunk) {
-      // p.reduce but for an expert's last chunk, which takes a remainder of at most reduce_fold
-      // rows with it
-      chunk = std::min(p.reduce, end - c0);
-      if (end - c0 - chunk <= p.reduce_fold) chunk = end - c0;
+      chunk = GroupedMatmulChunkRows(end - c0, p.reduce, p.reduce_fold);
       const int64_t reduce = (chunk + p.reduce_granule - 1) / p.reduce_granule * p.reduce_granule;
       // The chunk's x columns [k0, k1) and gradY columns [n0, n1), transposed once for the group:
       // A = [k, row] (zero rows up to the last block's padding), B = [n, row], rows of `reduce`

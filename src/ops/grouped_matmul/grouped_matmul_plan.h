@@ -79,6 +79,14 @@ inline constexpr int64_t kGroupedMatmulRowGranule = 16;  // GEMM rows are padded
 // (docs/benchmarks.md, session 31). The chunk's tiles grow by as much (a quarter), and the tile
 // GEMM is prepared for reductions up to reduce + this.
 inline int64_t GroupedMatmulReduceFold(int64_t reduce) { return reduce / 4; }
+// Weight grad: the rows of the chunk that starts `left` rows before the end of an expert's rows,
+// chunks of `reduce` rows from its first row on: `reduce`, or all `left` when that leaves at most
+// `fold` rows (the last full chunk takes the remainder) or fewer than `reduce` are left. At most
+// reduce + fold, what the plan sizes the tiles and the tile GEMM's reductions for. The one rule
+// the executor cuts by and the tests read.
+inline int64_t GroupedMatmulChunkRows(int64_t left, int64_t reduce, int64_t fold) {
+  return left - reduce <= fold ? left : reduce;
+}
 // Weight grad, bfloat16 on AMX CPUs: an expert's last chunk padded to this many rows (its
 // reduction), not 16: oneDNN 2.6 runs an AMX brgemm only on reductions of whole 32-row blocks.
 inline constexpr int64_t kGroupedMatmulBf16ReduceGranule = 32;

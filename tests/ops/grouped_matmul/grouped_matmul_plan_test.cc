@@ -444,6 +444,40 @@ TEST(grouped_matmul_plan, WeightGradFoldsShortRemainders) {
   EXPECT_GE(own->scratchpad_bytes(), MoeMicroPackedBytes(256, kGroupedMatmulBaseR * 5 / 4));
 }
 
+// The chunks the weight grad's executor cuts an expert's rows into (GroupedMatmulChunkRows, from
+// the plan's reduce and reduce_fold): full chunks from the first row on, the last one taking a
+// remainder of at most reduce_fold rows, so no chunk outgrows the tiles the plan sized.
+TEST(grouped_matmul_plan, WeightGradChunksFoldTheRemainder) {
+  const GroupedMatmulPlan p =
+      MakeGroupedMatmulPlan(Shape(GroupedMatmulOp::kWeightGrad, 5000, 300, 600, 8), Machine(2));
+  const int64_t r = p.reduce, fold = p.reduce_fold;
+  ASSERT_GT(fold, 0);
+  const auto chunks = [&](int64_t rows) {
+    std::vector<int64_t> out;
+    for (int64_t left = rows; left > 0; left -= out.back()) {
+      out.push_back(GroupedMatmulChunkRows(left, r, fold));
+    }
+    return out;
+  };
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(chunks(1), V{1});
+  EXPECT_EQ(chunks(r), V{r});
+  EXPECT_EQ(chunks(r + 1), V{r + 1});
+  EXPECT_EQ(chunks(r + fold), V{r + fold});
+  EXPECT_EQ(chunks(r + fold + 1), (V{r, fold + 1}));
+  EXPECT_EQ(chunks(2 * r), (V{r, r}));
+  EXPECT_EQ(chunks(3 * r + fold), (V{r, r, r + fold}));
+  EXPECT_EQ(chunks(3 * r + fold + 1), (V{r, r, r, fold + 1}));
+  const int64_t capacity = p.a_tile_elems / (p.k_group_blocks * p.base_m);  // rows a tile holds
+  for (int64_t rows = 1; rows <= 5 * r; ++rows) {
+    const V c = chunks(rows);
+    for (size_t i = 0; i + 1 < c.size(); ++i) ASSERT_EQ(c[i], r) << rows;
+    ASSERT_LE(c.back(), r + fold) << rows;
+    ASSERT_LE(c.back(), capacity) << rows;
+    if (c.size() > 1) ASSERT_GT(c.back(), fold) << rows;
+  }
+}
+
 // Forward k-blocks (streamed weights): bfloat16 on AMX whenever K spans more than one k-block,
 // otherwise when experts average at most base_m rows (float32 on CPUs that read it in place only
 // past kGroupedMatmulMaxWholeK), and float32 x past kGroupedMatmulMaxWholeK whatever the rows;
