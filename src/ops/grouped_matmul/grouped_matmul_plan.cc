@@ -74,13 +74,16 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   t.base_m = std::min(kGroupedMatmulBaseM, RoundUp(extent, kGroupedMatmulRowGranule));
   // Output columns: the widest multiple of 16 in [base_n / 2, base_n] that divides N, so that every
   // block has one width (oneDNN runs a narrower tail block, whose C is not dense in the tile, on
-  // its slower gemm:jit); else base_n, with a tail. The weight gradient's float32 GEMMs look first
-  // for a multiple of the micro-kernel's panel width (32 float32 columns on AVX-512, 16 on AVX2),
-  // where they run on it (Zen 4/5): a block of N = 1408 / 8 = 176 columns is 5.5 panels, and the
-  // half panel ran through a zero-padded tile, 1/12 of the multiply-adds wasted. Blocks of 128
-  // instead, Zen 5, 2 threads, three rounds in turn, percent of dense: S1 84, 83, 83 -> 92, 91,
-  // 90; S4 83, 84, 83 -> 93, 91, 91 (docs/benchmarks.md, session 31). oneDNN's brgemm takes
-  // either width (not measured on the Intel CPUs where it runs these tiles).
+  // its slower gemm:jit); else base_n, with a tail. float32 GEMMs look first for a multiple of the
+  // micro-kernel's panel width (32 float32 columns on AVX-512, 16 on AVX2), for where they run on
+  // it: a block of N = 1408 / 8 = 176 columns is 5.5 panels, and the half panel ran through a
+  // zero-padded tile, 1/12 of the multiply-adds wasted. Blocks of 128 instead, Zen 5, 2 threads,
+  // percent of dense (docs/benchmarks.md): the weight gradient (micro-kernel by default on Zen
+  // 4/5), three rounds in turn, S1 84, 83, 83 -> 92, 91, 90; S4 83, 84, 83 -> 93, 91, 91
+  // (session 31); the forward on the micro-kernel (GRADKIT_GEMM=gradkit, or a build without
+  // oneDNN), two rounds, S1 90, 87 -> 95, 95 and S4 90, 86 -> 95, 89, while oneDNN's gemm:jit
+  // (its default here) took either width alike, S1 100, 104 -> 102, 99 (session 32). oneDNN's
+  // brgemm takes either width too (not measured on the Intel CPUs where it runs these tiles).
   t.base_n = std::min(kGroupedMatmulBaseN, s.n);
   const auto widest_dividing = [&](int64_t step) {
     for (int64_t width = kGroupedMatmulBaseN; width >= kGroupedMatmulBaseN / 2 && s.n > width; width -= step) {
@@ -88,7 +91,7 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
     }
     return int64_t{0};
   };
-  const int64_t panel = !forward && t.gemm_dtype == DType::kF32 ? MoeMicroPanelWidth() : 16;
+  const int64_t panel = t.gemm_dtype == DType::kF32 ? MoeMicroPanelWidth() : 16;
   int64_t width = widest_dividing(panel);
   if (width == 0 && panel != 16) width = widest_dividing(16);
   if (width > 0) t.base_n = width;
