@@ -342,6 +342,53 @@ def _thp_mode():
     return text[text.index("[") + 1:text.index("]")]
 
 
+_THP_ALLOCATOR_PROBE = """
+import sys, torch, gradkit.torch as gkt
+if sys.argv[1] == "call":
+    assert gkt.use_huge_pages(True) is False
+before = torch.ones(3 << 20)  # torch's own 12 MiB, made before any switch below
+t = torch.empty(2 << 20)      # torch's own 8 MiB tensor, not a gradkit output
+huge = 1 << 21
+inside = (t.data_ptr() + huge - 1) // huge * huge
+with open("/proc/self/smaps") as f:
+    lines = f.read().splitlines()
+eligible = None
+for i, line in enumerate(lines):
+    head = line.split()[0]
+    if "-" in head and all(c in "0123456789abcdef-" for c in head):
+        begin, end = (int(v, 16) for v in head.split("-"))
+        if begin <= inside < end:
+            eligible = next(l.split()[1] for l in lines[i + 1:] if l.startswith("THPeligible:"))
+            break
+on = gkt.use_huge_pages(False)  # back to torch's allocator; blocks made under either free alike
+assert gkt.use_huge_pages(False) is False
+del t
+assert float(before.sum()) == 3 << 20
+print(eligible, on)
+"""
+
+
+@pytest.mark.parametrize("how", ["off", "call", "env"])
+def test_huge_page_allocator_advises_torch_blocks(gkt, how):
+    """gradkit.torch.use_huge_pages(True) (or THP_MEM_ALLOC_ENABLE=1 at import) advises torch's
+    own large blocks for huge pages; off, torch's allocator is back, and switching frees
+    tensors of either allocator alike."""
+    mode = _thp_mode()
+    if mode != "madvise":
+        pytest.skip(f"transparent huge pages: {mode}: the advice cannot show")
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[2] / "python"))
+    env.pop("THP_MEM_ALLOC_ENABLE", None)
+    if how == "env":
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
+    result = subprocess.run([sys.executable, "-c", _THP_ALLOCATOR_PROBE, how], capture_output=True,
+                            text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    eligible, on = result.stdout.split()
+    if eligible == "None":
+        pytest.skip("this kernel's smaps has no THPeligible field")
+    assert (eligible, on) == (("0", "False") if how == "off" else ("1", "True"))
+
+
 @pytest.mark.parametrize("setting", [None, "0"])
 def test_large_outputs_are_advised_for_huge_pages(gkt, setting):
     """An 8 MiB output's pages are eligible for transparent huge pages (madvise); with

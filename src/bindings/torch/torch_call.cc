@@ -31,21 +31,26 @@ gkDataType ToGradkit(std::string_view op, const at::Tensor& t, std::string_view 
 
 }  // namespace
 
+void AdviseHugePages(void* data, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  if (data == nullptr || bytes < 2 * kHuge) return;
+  const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1), last = (begin + bytes) & ~(kHuge - 1);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
 at::Tensor EmptyOutput(at::IntArrayRef sizes, const at::TensorOptions& options) {
   at::Tensor t = at::empty(sizes, options);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
   static const bool enabled = [] {
     const char* v = std::getenv("GRADKIT_TORCH_HUGEPAGES");
     return v == nullptr || std::string_view(v) != "0";
   }();
-  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data_ptr());
-  const uintptr_t bytes = t.nbytes();
-  if (enabled && t.device().is_cpu() && bytes >= 2 * kHuge) {
-    const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1), last = (begin + bytes) & ~(kHuge - 1);
-    if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
-  }
-#endif
+  if (enabled && t.device().is_cpu()) AdviseHugePages(t.data_ptr(), t.nbytes());
   return t;
 }
 

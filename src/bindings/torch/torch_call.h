@@ -72,6 +72,10 @@ void CallTwoPhase(std::string_view op, Plan&& plan, Run&& run) {
 // kernel has THP off, or the call fails, nothing changes. GRADKIT_TORCH_HUGEPAGES=0 turns it off.
 at::Tensor EmptyOutput(at::IntArrayRef sizes, const at::TensorOptions& options);
 
+// The advice itself, for `bytes` from `data` (4 MiB or more; else nothing): what EmptyOutput and
+// the huge-page CPU allocator (use_huge_pages in torch_ops.cc) give their blocks.
+void AdviseHugePages(void* data, size_t bytes);
+
 // The rows a groupList describes: its sum (count) or its last entry (cumsum). Values are not
 // checked here (gradkit checks them, with a better message); a negative total gives 0.
 int64_t GroupListRows(std::string_view op, const at::Tensor& group_list, int64_t group_list_type);

@@ -3,10 +3,12 @@
 // Each op sizes and allocates its outputs with torch, makes an input contiguous only where the C
 // API needs it, and raises gradkit's own message as a RuntimeError. Arguments follow the C API's
 // order, in snake_case. Autograd lives in Python (python/gradkit/torch), on top of these ops.
+#include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <climits>
+#include <mutex>
 #include <tuple>
 
 #include "bindings/torch/torch_call.h"
@@ -347,6 +349,49 @@ int64_t SetNumThreads(int64_t threads) {
 
 int64_t GetNumThreads() { return gkGetNumThreads(); }
 
+// torch's CPU allocator with every block of 4 MiB or more advised for transparent huge pages
+// (AdviseHugePages), what PyTorch 2.1+ does under THP_MEM_ALLOC_ENABLE=1 and torch 1.13 lacks:
+// the activations and autograd buffers torch allocates itself, which EmptyOutput does not reach,
+// are then faulted in 2 MiB at a time (docs/torch.md, "Memory allocator"). Blocks come from the
+// allocator that was in place when it was first enabled, with that allocator's deleter, so
+// tensors made before or after a switch free alike.
+class HugePageCpuAllocator final : public c10::Allocator {
+ public:
+  explicit HugePageCpuAllocator(c10::Allocator* base) : base_(base) {}
+  c10::DataPtr allocate(size_t bytes) const override {
+    c10::DataPtr block = base_->allocate(bytes);
+    AdviseHugePages(block.get(), bytes);
+    return block;
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  c10::Allocator* base() const { return base_; }
+
+ private:
+  c10::Allocator* base_;
+};
+
+// Turns the huge-page allocator on or off for the process; returns whether it was on.
+bool UseHugePages(bool enable) {
+  static std::mutex mutex;
+  static HugePageCpuAllocator* wrapper = nullptr;  // kept for the process: torch may call it late
+  const std::lock_guard<std::mutex> lock(mutex);
+  c10::Allocator* current = c10::GetCPUAllocator();
+  const bool was_on = wrapper != nullptr && current == wrapper;
+  if (enable == was_on) return was_on;
+  if (enable) {
+    if (wrapper == nullptr) wrapper = new HugePageCpuAllocator(current);
+    TORCH_CHECK(wrapper->base() == current, "gradkit.use_huge_pages: torch's CPU allocator was "
+                "replaced after gradkit's huge-page allocator first wrapped it; turn it on "
+                "before installing another allocator");
+    c10::SetCPUAllocator(wrapper, /*priority=*/0);
+    TORCH_CHECK(c10::GetCPUAllocator() == wrapper, "gradkit.use_huge_pages: torch kept its CPU "
+                "allocator (another library installed one at a higher priority)");
+  } else {
+    c10::SetCPUAllocator(wrapper->base(), /*priority=*/0);
+  }
+  return was_on;
+}
+
 }  // namespace
 }  // namespace gk::torch_ext
 
@@ -388,6 +433,7 @@ TORCH_LIBRARY(gradkit, m) {
   m.def("cpu_isa() -> str", &CpuIsa);
   m.def("set_num_threads(int threads) -> int", &SetNumThreads);
   m.def("get_num_threads() -> int", &GetNumThreads);
+  m.def("use_huge_pages(bool enable=True) -> bool", &UseHugePages);
 }
 
 TORCH_LIBRARY_IMPL(gradkit, CPU, m) {
