@@ -89,10 +89,13 @@ def elu(x, alpha=1.0, scale=1.0, input_scale=1.0, save_result=False):
 # MoeFFN's second expert matmul, forward and backward, runs in chunks of whole experts, in
 # expert order, each with about this many bytes of [rows, max(F, H)] temporaries (at least one
 # expert): act(h) [rows, F] and the backward's d_y rows [rows, H] exist for one chunk at a time,
-# not for all M rows. The split depends on the routing, F and H only. 8 MiB: at S1 (bfloat16)
+# not for all M rows. The split depends on the routing, F and H only. 4 MiB: at S1 (bfloat16)
 # the step's peak is in that node's backward, whose chunk temporaries 16 MiB chunks made 6 MiB
-# larger; the step time did not change between 4, 8 and 16 MiB (docs/benchmarks.md).
-CHUNK_BYTES = 8 << 20
+# larger, and the step time did not change between 4, 8 and 16 MiB; a small layer (the demo's:
+# H 256, F 512, 2048 tokens, one 8 MiB chunk) faulted its fresh act(h) in page by page on every
+# step, median step 86-96 ms at 8 MiB against 42-60 at 4 (64 experts of ~256 rows: the same;
+# 2 MiB: 10% slower there) (docs/benchmarks.md, session 32).
+CHUNK_BYTES = 4 << 20
 
 
 def expert_chunks(counts, row_bytes, chunk_bytes=None):
