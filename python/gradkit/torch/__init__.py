@@ -8,6 +8,7 @@ CPU tensors; float32, float16 and bfloat16 (the operators' dtypes). Errors from 
 as RuntimeError with its message (the argument, its value and the rule).
 """
 import os
+import warnings
 
 from gradkit.torch._library import library_path, load
 
@@ -36,7 +37,10 @@ def use_huge_pages(enable=True):
 
 
 if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1":
-    use_huge_pages(True)
+    try:
+        use_huge_pages(True)
+    except RuntimeError as error:  # another library holds torch's allocator: import all the same
+        warnings.warn(f"gradkit.torch: THP_MEM_ALLOC_ENABLE=1 not applied: {error}", RuntimeWarning)
 
 
 __all__ = [
