@@ -93,7 +93,7 @@ def elu(x, alpha=1.0, scale=1.0, input_scale=1.0, save_result=False):
 # the step's peak is in that node's backward, whose chunk temporaries 16 MiB chunks made 6 MiB
 # larger, and the step time did not change between 4, 8 and 16 MiB; a small layer (the demo's:
 # H 256, F 512, 2048 tokens, one 8 MiB chunk) faulted its fresh act(h) in page by page on every
-# step, median step 86-96 ms at 8 MiB against 42-60 at 4 (64 experts of ~256 rows: the same;
+# step, median steps 69-96 ms at 8 MiB against 43-61 at 4 (64 experts of ~256 rows: the same;
 # 2 MiB: 10% slower there) (docs/benchmarks.md, session 32).
 CHUNK_BYTES = 4 << 20
 
