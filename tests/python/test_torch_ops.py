@@ -313,24 +313,30 @@ def test_version_and_isa(gkt):
     assert gkt.ops.cpu_isa()
 
 
-_THP_PROBE = """
+# Prepended to the probes below: THPeligible of the mapping holding the first 2 MiB boundary
+# inside a tensor's data ("None" where smaps has no such field).
+_THP_ELIGIBLE = """
+def thp_eligible(t):
+    huge = 1 << 21
+    inside = (t.data_ptr() + huge - 1) // huge * huge
+    with open("/proc/self/smaps") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            begin, end = (int(v, 16) for v in head.split("-"))
+            if begin <= inside < end:
+                return next((l.split()[1] for l in lines[i + 1:] if l.startswith("THPeligible:")), None)
+    return None
+"""
+
+
+_THP_PROBE = _THP_ELIGIBLE + """
 import torch, gradkit.torch as gkt
 x = torch.randn(64, 1024)
 dy = torch.randn(64, 2048)
 dw = gkt.ops.grouped_matmul_weight_grad(x, dy, torch.tensor([64]), out_dtype=torch.float32)
-huge = 1 << 21
-inside = (dw.data_ptr() + huge - 1) // huge * huge  # the first 2 MiB boundary inside dw
-with open("/proc/self/smaps") as f:
-    lines = f.read().splitlines()
-eligible = None
-for i, line in enumerate(lines):
-    head = line.split()[0]
-    if "-" in head and all(c in "0123456789abcdef-" for c in head):
-        begin, end = (int(v, 16) for v in head.split("-"))
-        if begin <= inside < end:
-            eligible = next(l.split()[1] for l in lines[i + 1:] if l.startswith("THPeligible:"))
-            break
-print(eligible)
+print(thp_eligible(dw))
 """
 
 
@@ -342,24 +348,13 @@ def _thp_mode():
     return text[text.index("[") + 1:text.index("]")]
 
 
-_THP_ALLOCATOR_PROBE = """
+_THP_ALLOCATOR_PROBE = _THP_ELIGIBLE + """
 import sys, torch, gradkit.torch as gkt
 if sys.argv[1] == "call":
     assert gkt.use_huge_pages(True) is False
 before = torch.ones(3 << 20)  # torch's own 12 MiB, made before any switch below
 t = torch.empty(2 << 20)      # torch's own 8 MiB tensor, not a gradkit output
-huge = 1 << 21
-inside = (t.data_ptr() + huge - 1) // huge * huge
-with open("/proc/self/smaps") as f:
-    lines = f.read().splitlines()
-eligible = None
-for i, line in enumerate(lines):
-    head = line.split()[0]
-    if "-" in head and all(c in "0123456789abcdef-" for c in head):
-        begin, end = (int(v, 16) for v in head.split("-"))
-        if begin <= inside < end:
-            eligible = next(l.split()[1] for l in lines[i + 1:] if l.startswith("THPeligible:"))
-            break
+eligible = thp_eligible(t)
 on = gkt.use_huge_pages(False)  # back to torch's allocator; blocks made under either free alike
 assert gkt.use_huge_pages(False) is False
 del t

@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <mutex>
 #include <tuple>
+#include <utility>
 
 #include "bindings/torch/torch_call.h"
 
@@ -355,15 +357,21 @@ int64_t GetNumThreads() { return gkGetNumThreads(); }
 // are then faulted in 2 MiB at a time (docs/torch.md, "Memory allocator"). Blocks come from the
 // allocator that was in place when it was first enabled, with that allocator's deleter, so
 // tensors made before or after a switch free alike.
+//
+// c10::Allocator's interface moved between torch versions (1.13: `allocate` const; 2.x: not const,
+// and `copy_data` pure virtual), so each member is defined in both forms without `override`:
+// whichever the base declares is the override, the other an unused overload.
 class HugePageCpuAllocator final : public c10::Allocator {
  public:
   explicit HugePageCpuAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate(size_t bytes) const {
     c10::DataPtr block = base_->allocate(bytes);
     AdviseHugePages(block.get(), bytes);
     return block;
   }
-  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  c10::DataPtr allocate(size_t bytes) { return std::as_const(*this).allocate(bytes); }
+  void copy_data(void* dest, const void* src, size_t count) const { std::memcpy(dest, src, count); }
+  c10::DeleterFnPtr raw_deleter() const { return base_->raw_deleter(); }
   c10::Allocator* base() const { return base_; }
 
  private:
