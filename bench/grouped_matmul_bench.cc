@@ -48,10 +48,10 @@ GroupedMatmulBenchResult RunGroupedMatmulBenchCase(const MoeGradBenchCase& c, bo
                 static_cast<size_t>(k * elem));
   }
   // Forward: weight [G, K, N] (or [G, N, K]) and y [M, N]; weight grad: gradY [M, N] and
-  // gradWeight [G, K, N].
+  // gradWeight [G, K, N]. Outputs 64-byte aligned, as torch's tensors (AlignedBytes).
   const auto operand = weight_grad ? HashedBuffer(m * n, c.dtype, 2, threads)
                                    : HashedBuffer(g * k * n, c.dtype, 2, threads);
-  std::vector<float> out(static_cast<size_t>(weight_grad ? g * k * n : m * n));
+  AlignedBytes out(static_cast<size_t>(weight_grad ? g * k * n : m * n) * sizeof(float));
 
   Check(gkSetNumThreads(threads));
   TensorHandle groups_t({g}, DType::kI64, routing.group_counts.data());
@@ -88,12 +88,12 @@ GroupedMatmulBenchResult RunGroupedMatmulBenchCase(const MoeGradBenchCase& c, bo
   const DType gemm_dtype = c.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
   const auto dense_a = HashedBuffer(m * k, gemm_dtype, 3, threads);
   const auto dense_b = HashedBuffer(n * k, gemm_dtype, 4, threads);
-  std::vector<float> dense_c(static_cast<size_t>(m * n));
+  AlignedBytes dense_c(static_cast<size_t>(m * n) * sizeof(float));
   const auto dense = MoeDenseGemm::Create(gemm_dtype, m, k, n, threads);
 
   const std::vector<std::function<void()>> candidates = {
       [&] { runs[0](); }, [&] { runs[1](); },
-      [&] { dense->Run(dense_a.data(), dense_b.data(), dense_c.data(), n); }};
+      [&] { dense->Run(dense_a.data(), dense_b.data(), reinterpret_cast<float*>(dense_c.data()), n); }};
   const std::vector<double> seconds = BestSecondsInterleaved(candidates, min_seconds, 3);
   gkSetNumThreads(0);
   return {c, weight_grad, transpose_weight, m, dense->name(), rate(seconds[0]), rate(seconds[1]), rate(seconds[2]),

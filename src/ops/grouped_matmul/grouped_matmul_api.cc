@@ -420,6 +420,8 @@ class GroupedMatmulWeightGradExecutor final : public GroupedMatmulExecutorBase {
         for (int64_t r = 0; r < chunk; ++r) rows[r] = dy + ((c0 + r) * s.n + n0) * elem;
         GroupedMatmulTransposeRows(s.dtype, rows.data(), chunk, n1 - n0, slots.b_tile, reduce);
       }
+      // The last chunk's GEMMs leave gradWeight's final values (out_direct).
+      slots.gemm->SetFinalC(p.out_direct && c0 + chunk == end);
       for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
         const void* b =
             b_from_kn

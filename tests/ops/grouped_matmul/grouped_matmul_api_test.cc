@@ -236,7 +236,11 @@ TEST(grouped_matmul_api, WeightGradTileGroups) {
 // line of 0 to 60 bytes, with units spanning part of N (the case above: 8 + 1 column blocks) and
 // all of it (rows end to end: one run a unit), and gradWeight in the input dtype.
 TEST(grouped_matmul_api, WeightGradBytesWhateverGradWeightsAlignment) {
-  for (const GmmCase& c : {GmmCase{"groups", 60, 2, 3, 1100, 2100, 0.9}, GmmCase{"whole_n", 90, 2, 3, 600, 520}}) {
+  // "direct": K and N multiples of 16, experts of about 400 rows (two chunks): float32 gradWeight
+  // written by the GEMMs (out_direct, CPUs that do not stream it), the last chunk by
+  // non-temporal stores where gradWeight is 64-byte aligned (offset 0), plain ones elsewhere.
+  for (const GmmCase& c : {GmmCase{"groups", 60, 2, 3, 1100, 2100, 0.9}, GmmCase{"whole_n", 90, 2, 3, 600, 520},
+                           GmmCase{"direct", 600, 2, 3, 272, 544}}) {
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       const GmmInputs in = MakeGmmInputs(c, dtype, GmmValues::kRandom);
       for (bool out_f32 : {true, false}) {

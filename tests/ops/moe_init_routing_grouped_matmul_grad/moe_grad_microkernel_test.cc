@@ -2,8 +2,8 @@
 // element is exactly one multiply-add chain over k ascending (fused where the target has FMA),
 // whatever the rows, columns and reduction blocks of the call; B packed from its rows and from
 // its transpose's rows gives the same panels, with zeros past the width. Sizes from the kernel's
-// own blocks: rows around kMoeMicroRows (every tail split), widths around the panel width, and
-// reductions around kMoeMicroReduceBlock. And the choice of GEMM (GRADKIT_GEMM).
+// own blocks: rows around the target's row block MoeMicroRowBlock() (every tail split), widths
+// around the panel width, and reductions around kMoeMicroReduceBlock. And the choice of GEMM (GRADKIT_GEMM).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +12,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cpu_info.h"
@@ -38,6 +39,19 @@ std::vector<uint16_t> Values(int64_t elems, DType dtype, uint32_t seed) {
 // Whether the target's multiply-add is fused (x86: AVX2 and later; the others here are not).
 bool FusedMultiplyAdd(const std::string& isa) {
   return isa != "SSE4" && isa != "SSSE3" && isa != "SSE2" && isa != "SCALAR" && isa != "EMU128";
+}
+
+// Row counts of calls: every count up to the row block plus 9 (each way a remainder of one to
+// three rows joins the last full block, each tail of 6, 4 + 3 ... 4 + 5 rows), and a few of
+// several blocks, on the target selected (C's rows more than 4 KiB apart take blocks of 6, whose
+// counts these cover too).
+std::vector<int64_t> RowCounts() {
+  const int64_t block = MoeMicroRowBlock();
+  std::vector<int64_t> rows;
+  for (int64_t r = 1; r <= block + 9; ++r) rows.push_back(r);
+  rows.push_back(2 * block + 4);
+  rows.push_back(4 * block + 5);
+  return rows;
 }
 
 struct Operands {
@@ -67,18 +81,17 @@ TEST_P(MoeMicroKernelTest, EachElementIsOneMultiplyAddChain) {
   const int64_t nr = MoeMicroPanelWidth();
   const int64_t block = kMoeMicroReduceBlock;
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, kMoeMicroRows,
-                         kMoeMicroRows + 1, kMoeMicroRows + 2, kMoeMicroRows + 3, 2 * kMoeMicroRows + 4,
-                         4 * kMoeMicroRows + 5}) {
+    for (int64_t rows : RowCounts()) {
       for (int64_t width : {int64_t{1}, nr - 1, nr, nr + 1, 2 * nr + 3}) {
         for (int64_t reduce : {int64_t{1}, int64_t{7}, block, block + 1, 2 * block + 40}) {
-          for (bool accumulate : {false, true}) {
+          // C's rows close together, and more than 4 KiB apart (the strided row block).
+          for (const auto& [accumulate, ldc] : {std::pair{false, width + 5}, std::pair{true, width + 5},
+                                                std::pair{true, width + 1029}}) {
             SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " rows " << rows << " width "
                                               << width << " reduce " << reduce << " accumulate "
-                                              << accumulate);
+                                              << accumulate << " ldc " << ldc);
             const Operands op(dtype, rows, width, reduce, static_cast<uint32_t>(rows * 131 + width * 7 + reduce));
             const std::vector<float> packed = op.Packed();
-            const int64_t ldc = width + 5;
             std::vector<float> c(static_cast<size_t>(rows * ldc));
             for (size_t i = 0; i < c.size(); ++i) c[i] = static_cast<float>(i % 13) - 6.0f;
             const std::vector<float> before = c;
@@ -110,7 +123,7 @@ TEST_P(MoeMicroKernelTest, EachElementIsOneMultiplyAddChain) {
 TEST_P(MoeMicroKernelTest, SplitReductionContinuesTheChains) {
   const int64_t nr = MoeMicroPanelWidth();
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    const int64_t rows = 2 * kMoeMicroRows + 1, width = 2 * nr + 1, reduce = kMoeMicroReduceBlock + 70;
+    const int64_t rows = 2 * MoeMicroRowBlock() + 1, width = 2 * nr + 1, reduce = kMoeMicroReduceBlock + 70;
     const Operands op(dtype, rows, width, reduce, 99);
     std::vector<float> scratch(MoeMicroAScratchBytes(dtype, rows) / sizeof(float) + 1);
     std::vector<float> whole(static_cast<size_t>(rows * width));
@@ -130,6 +143,39 @@ TEST_P(MoeMicroKernelTest, SplitReductionContinuesTheChains) {
                    reinterpret_cast<const char*>(op.a.data()) + split * elem, op.lda, second.data(),
                    parts.data(), width, true, scratch.data());
       EXPECT_EQ(parts, whole) << DTypeName(dtype) << " split at " << split;
+    }
+  }
+}
+
+// C's final values by non-temporal stores (stream_c) are the same bits as by plain stores, and
+// no element past the width is touched: C 64-byte aligned with a row stride of whole lines (the
+// streamed path, on its last k-block only), and C one vector off a line (the plain fallback).
+TEST_P(MoeMicroKernelTest, StreamedCIsTheSameBits) {
+  const int64_t nr = MoeMicroPanelWidth();
+  const int64_t rows = 2 * MoeMicroRowBlock() + 5, width = 2 * nr + 3;
+  const int64_t ldc = (width + 15) / 16 * 16 + 16;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t reduce : {int64_t{7}, kMoeMicroReduceBlock + 70}) {
+      const Operands op(dtype, rows, width, reduce, static_cast<uint32_t>(reduce * 3 + 1));
+      const std::vector<float> packed = op.Packed();
+      std::vector<float> scratch(MoeMicroAScratchBytes(dtype, rows) / sizeof(float) + 1);
+      for (int64_t offset : {int64_t{0}, int64_t{4}}) {  // floats past a 64-byte boundary
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " reduce " << reduce << " offset "
+                                            << offset << " accumulate " << accumulate);
+          std::vector<float> storage[2];
+          float* c[2];
+          for (int s = 0; s < 2; ++s) {
+            storage[s].resize(static_cast<size_t>(rows * ldc + 32));
+            const auto address = reinterpret_cast<uintptr_t>(storage[s].data());
+            c[s] = storage[s].data() + (64 - address % 64) % 64 / sizeof(float) + offset;
+            for (int64_t i = 0; i < rows * ldc; ++i) c[s][i] = static_cast<float>(i % 11) - 5.0f;
+            MoeMicroGemm(dtype, rows, width, reduce, op.a.data(), op.lda, packed.data(), c[s], ldc,
+                         accumulate, scratch.data(), /*stream_c=*/s == 1);
+          }
+          for (int64_t i = 0; i < rows * ldc; ++i) ASSERT_EQ(c[1][i], c[0][i]) << "element " << i;
+        }
+      }
     }
   }
 }
@@ -314,7 +360,7 @@ TEST(moe_grad_gemm, StridedOperandsGiveTheBytesOfDenseCopies) {
   const EnvScope scope("GRADKIT_GEMM", "gradkit");
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));
-    const int64_t rows = 2 * kMoeMicroRows + 1, width = 2 * MoeMicroPanelWidth() + 3;
+    const int64_t rows = 2 * MoeMicroRowBlock() + 1, width = 2 * MoeMicroPanelWidth() + 3;
     const int64_t half = kMoeMicroReduceBlock + 5;  // each k-block: a reduction block and a tail
     const Operands op(dtype, rows, width, 2 * half, 11);  // A [rows, lda], B [width, ldb]
     MoeTileGemmShape shape{};

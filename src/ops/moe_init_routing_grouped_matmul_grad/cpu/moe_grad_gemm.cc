@@ -57,7 +57,7 @@ class MicroTileGemm final : public MoeTileGemm {
   }
   std::string name() const override { return "gradkit"; }
   std::string impl(int64_t) const override {
-    return fmt::format("microkernel {}x{}, B packed {}", kMoeMicroRows, MoeMicroPanelWidth(),
+    return fmt::format("microkernel {}x{}, B packed {}", MoeMicroRowBlock(), MoeMicroPanelWidth(),
                        shape_.prepared_b ? "once per block" : "per call");
   }
   // The packed B, then A widened to float32 (bfloat16).
@@ -101,13 +101,16 @@ class MicroTileGemm final : public MoeTileGemm {
     void RunStrided(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
                     int64_t lda, const void* b, float* c) override {
       MoeMicroGemm(gemm_.shape_.gemm_dtype, rows, width, reduce, a, lda,
-                   static_cast<const float*>(b), c, gemm_.shape_.ldc, accumulate, a_scratch_);
+                   static_cast<const float*>(b), c, gemm_.shape_.ldc, accumulate, a_scratch_,
+                   final_c_);
     }
+    void SetFinalC(bool final_c) override { final_c_ = final_c; }
 
    private:
     const MicroTileGemm& gemm_;
     float* packed_;
     float* a_scratch_;
+    bool final_c_ = false;
   };
   std::unique_ptr<Worker> MakeWorker(void* scratchpad) const override {
     return std::make_unique<MicroWorker>(*this, scratchpad);
@@ -125,7 +128,7 @@ class MicroDenseGemm final : public MoeDenseGemm {
   MicroDenseGemm(DType dtype, int64_t m, int64_t reduce, int64_t width, int32_t threads)
       : dtype_(dtype), m_(m), reduce_(reduce), width_(width), threads_(threads) {}
   std::string name() const override {
-    return fmt::format("gradkit microkernel {}x{}", kMoeMicroRows, MoeMicroPanelWidth());
+    return fmt::format("gradkit microkernel {}x{}", MoeMicroRowBlock(), MoeMicroPanelWidth());
   }
   void Run(const void* a, const void* b, float* c, int64_t ldc) const override {
     constexpr int64_t kRows = 256;

@@ -138,6 +138,10 @@ class MoeTileGemm {
     }
     virtual void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
                      const void* b, float* c) = 0;
+    // Whether the next calls store C's final values, which nothing reads back while they could
+    // still be cached (the weight gradient's last chunk into gradWeight): the own kernel then
+    // stores them by non-temporal stores where C's rows are whole aligned lines. The same bits.
+    virtual void SetFinalC(bool final_c) { (void)final_c; }
     // Only where takes_any_stride(): PrepareB from B [width, reduce] of row stride ldb, or with
     // `kn` from B^T [reduce, width] of row stride ldb; Run with A of row stride lda. The same
     // values give the same bits whatever the strides.

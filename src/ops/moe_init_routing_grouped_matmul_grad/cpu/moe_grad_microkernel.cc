@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "core/cpu/convert-inl.h"
+#include "core/cpu/stream_copy.h"
 #include "core/cpu/transpose-inl.h"
 #include "core/plan_math.h"
 
@@ -20,7 +21,6 @@
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 namespace gk {
 namespace {
-constexpr int64_t kMicroRows = kMoeMicroRows;
 constexpr int64_t kKc = kMoeMicroReduceBlock;
 // What a call's A block and C rows may take of L2 (half of a 512 KiB L2).
 constexpr int64_t kL2Bytes = 256 << 10;
@@ -39,6 +39,22 @@ namespace hn = hwy::HWY_NAMESPACE;
 HWY_NOINLINE int64_t MicroPanelWidth() {
   return 2 * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
 }
+
+// The register block's rows (MoeMicroRowBlock): 12 where the target has 32 vector registers (24
+// accumulators, 2 B vectors, the broadcast), 6 on AVX2's 16. A C of rows more than 4 KiB apart
+// takes blocks of kMicroRowsStrided: its rows' lines then share few of L1's sets (48 KiB, 12
+// ways: lines 4 KiB apart share a set), and 12 rows' 24 lines, loaded and stored by plain
+// stores, measured 3-5 points of dense slower in the weight grad at S1/S3 with a gradWeight 16
+// bytes off a line, 68-76 against 87-93% at S3 with an aligned one (Zen 5, session 33); streamed
+// (non-temporal) stores do not go through L1 and keep 12.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kMicroRows = 12;
+#else
+constexpr int kMicroRows = 6;
+#endif
+constexpr int kMicroRowsStrided = 6;
+constexpr int64_t kMicroStridedBytes = 4096;
+HWY_NOINLINE int64_t MicroRowBlock() { return kMicroRows; }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 // float32 columns [0, 8 * (cols / 8)) of a panel from B's rows by 8 x 8 register transposes
@@ -195,10 +211,12 @@ HWY_NOINLINE void MicroPackB(DType gemm_dtype, int64_t width, int64_t reduce, co
 
 // C[MR, NR] (+)= A[MR, kc] (row stride lda) * panel[kc, NR]: MR x 2 accumulator vectors, one
 // fused multiply-add chain per element over k ascending.
+// With `stream`, C's rows go out by non-temporal stores (each row's NR values whole lines of an
+// aligned C, see MicroGemm).
 template <int MR>
 HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda,
                             const float* HWY_RESTRICT panel, float* HWY_RESTRICT c, int64_t ldc,
-                            bool load_c) {
+                            bool load_c, bool stream = false) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
@@ -219,6 +237,13 @@ HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda
       hi[r] = hn::MulAdd(av, b1, hi[r]);
     }
   }
+  if (stream) {
+    for (int r = 0; r < MR; ++r) {
+      hn::Stream(lo[r], df, c + r * ldc);
+      hn::Stream(hi[r], df, c + r * ldc + lanes);
+    }
+    return;
+  }
   for (int r = 0; r < MR; ++r) {
     hn::StoreU(lo[r], df, c + r * ldc);
     hn::StoreU(hi[r], df, c + r * ldc + lanes);
@@ -230,12 +255,12 @@ HWY_NOINLINE void MicroBlockNarrow(int64_t kc, const float* a, int64_t lda, cons
                                    float* c, int64_t ldc, int64_t cols, bool load_c);
 
 // A register block of MR rows and `cols` <= NR columns: a narrower panel runs through a local
-// tile (its padding columns are zeros in the panel, their sums dropped).
+// tile (its padding columns are zeros in the panel, their sums dropped; C by plain stores).
 template <int MR>
 HWY_INLINE void MicroBlock(int64_t kc, const float* a, int64_t lda, const float* panel, float* c,
-                           int64_t ldc, int64_t cols, bool load_c) {
+                           int64_t ldc, int64_t cols, bool load_c, bool stream) {
   if (cols == MicroPanelWidth()) {
-    MicroTile<MR>(kc, a, lda, panel, c, ldc, load_c);
+    MicroTile<MR>(kc, a, lda, panel, c, ldc, load_c, stream);
   } else {
     MicroBlockNarrow<MR>(kc, a, lda, panel, c, ldc, cols, load_c);
   }
@@ -266,7 +291,8 @@ HWY_INLINE void PrefetchRows(const float* a, int64_t lda, int64_t r0, int64_t r1
 // block's panels in turn over every row block.
 HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce,
                                 int64_t kc_base, const void* a, int64_t lda, const float* b_packed,
-                                float* c, int64_t ldc, bool accumulate, float* a_scratch) {
+                                float* c, int64_t ldc, bool accumulate, float* a_scratch,
+                                bool stream_c, int64_t block) {
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   const int64_t nr = 2 * lanes;
@@ -294,33 +320,41 @@ HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, i
       a_ld = lda;
     }
     const bool load_c = accumulate || kb > 0;
+    const bool stream = stream_c && kb == k_blocks - 1;  // C's final values
     for (int64_t n0 = 0; n0 < width; n0 += nr) {
       const float* panel = b_packed + n0 * reduce + k0 * nr;
       const int64_t cols = std::min(nr, width - n0);
-      // Blocks of 6 rows; a remainder of 1 to 3 rows takes the last full block with it as
-      // 4 + 3, 4 + 4 or 5 + 4 rows: blocks of fewer than 4 rows have too few accumulators to
-      // hide the latency of their multiply-adds.
-      int64_t full = rows / kMicroRows;
-      const int64_t rest = rows % kMicroRows;
+      // Blocks of `block` rows; a remainder of 1 to 3 rows takes the last full block with it,
+      // and what is left runs in blocks of 6, then 4 + 3, 4 + 4 or 4 + 5 for 7 to 9 rows: blocks
+      // of fewer than 4 rows have too few accumulators to hide the latency of their multiply-adds.
+      int64_t full = rows / block;
+      const int64_t rest = rows % block;
       if (full > 0 && rest > 0 && rest < 4) --full;
       for (int64_t b = 0; b < full; ++b) {
-        const int64_t r0 = b * kMicroRows;
-        if (n0 == 0) PrefetchRows(a_block, a_ld, r0 + kMicroRows, std::min(rows, r0 + 2 * kMicroRows), kc);
-        if (load_c) PrefetchRows(c + n0, ldc, r0 + kMicroRows, std::min(rows, r0 + 2 * kMicroRows), cols);
-        MicroBlock<kMicroRows>(kc, a_block + r0 * a_ld, a_ld, panel, c + r0 * ldc + n0, ldc, cols, load_c);
+        const int64_t r0 = b * block;
+        if (n0 == 0) PrefetchRows(a_block, a_ld, r0 + block, std::min(rows, r0 + 2 * block), kc);
+        if (load_c) PrefetchRows(c + n0, ldc, r0 + block, std::min(rows, r0 + 2 * block), cols);
+        if (block == kMicroRows) {
+          MicroBlock<kMicroRows>(kc, a_block + r0 * a_ld, a_ld, panel, c + r0 * ldc + n0, ldc, cols,
+                                 load_c, stream);
+        } else {
+          MicroBlock<kMicroRowsStrided>(kc, a_block + r0 * a_ld, a_ld, panel, c + r0 * ldc + n0, ldc,
+                                        cols, load_c, stream);
+        }
       }
-      int64_t r0 = full * kMicroRows;
+      int64_t r0 = full * block;
       while (r0 < rows) {
         const int64_t left = rows - r0;
-        const int64_t mr = left == 7 || left == 8 || left == 9 ? 4 : left;
+        const int64_t mr = left >= 10 ? 6 : left >= 7 ? 4 : left;
         const float* a_rest = a_block + r0 * a_ld;
         float* c_rest = c + r0 * ldc + n0;
         switch (mr) {
-          case 5: MicroBlock<5>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c); break;
-          case 4: MicroBlock<4>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c); break;
-          case 3: MicroBlock<3>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c); break;
-          case 2: MicroBlock<2>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c); break;
-          default: MicroBlock<1>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c); break;
+          case 6: MicroBlock<6>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream); break;
+          case 5: MicroBlock<5>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream); break;
+          case 4: MicroBlock<4>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream); break;
+          case 3: MicroBlock<3>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream); break;
+          case 2: MicroBlock<2>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream); break;
+          default: MicroBlock<1>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream); break;
         }
         r0 += mr;
       }
@@ -331,7 +365,7 @@ HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, i
 
 HWY_NOINLINE void MicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce,
                             const void* a, int64_t lda, const float* b_packed, float* c,
-                            int64_t ldc, bool accumulate, float* a_scratch) {
+                            int64_t ldc, bool accumulate, float* a_scratch, bool stream_c) {
   if (reduce == 0) {
     for (int64_t r = 0; r < rows && !accumulate; ++r) std::fill(c + r * ldc, c + r * ldc + width, 0.0f);
     return;
@@ -340,16 +374,24 @@ HWY_NOINLINE void MicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64
   const int64_t kc_base = CeilDiv(reduce, k_blocks);
   // Rows in chunks whose A block and C rows stay in L2 together (kL2Bytes) while the panels run
   // over them, equal-sized, multiples of the register block.
+  // Streamed only where every whole panel's rows are whole aligned lines of C (a panel is a
+  // multiple of 16 floats, 64 bytes, on every target but the scalar one).
+  const int64_t line_floats = static_cast<int64_t>(kStreamLineBytes / sizeof(float));
+  stream_c = stream_c && kHasStreamingStores && MicroPanelWidth() % line_floats == 0 &&
+             reinterpret_cast<uintptr_t>(c) % kStreamLineBytes == 0 && ldc % line_floats == 0;
+  const int64_t block =
+      stream_c || ldc * static_cast<int64_t>(sizeof(float)) <= kMicroStridedBytes ? kMicroRows : kMicroRowsStrided;
   const int64_t most = std::max<int64_t>(
-      kMicroRows, kL2Bytes / (static_cast<int64_t>(sizeof(float)) * (kc_base + width)) / kMicroRows * kMicroRows);
+      block, kL2Bytes / (static_cast<int64_t>(sizeof(float)) * (kc_base + width)) / block * block);
   const int64_t chunks = CeilDiv(rows, most);
-  const int64_t chunk_rows = RoundUp(CeilDiv(rows, chunks), kMicroRows);
+  const int64_t chunk_rows = RoundUp(CeilDiv(rows, chunks), block);
   const int64_t elem = gemm_dtype == DType::kBF16 ? 2 : 4;
   for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
     MicroGemmRows(gemm_dtype, std::min(chunk_rows, rows - m0), width, reduce, kc_base,
                   static_cast<const char*>(a) + m0 * lda * elem, lda, b_packed, c + m0 * ldc, ldc,
-                  accumulate, a_scratch);
+                  accumulate, a_scratch, stream_c, block);
   }
+  if (stream_c) hwy::FlushStream();  // ordered before whatever the caller does next
 }
 
 }  // namespace HWY_NAMESPACE
@@ -360,10 +402,12 @@ HWY_AFTER_NAMESPACE();
 namespace gk {
 
 HWY_EXPORT(MicroPanelWidth);
+HWY_EXPORT(MicroRowBlock);
 HWY_EXPORT(MicroPackB);
 HWY_EXPORT(MicroGemm);
 
 int64_t MoeMicroPanelWidth() { return HWY_DYNAMIC_DISPATCH(MicroPanelWidth)(); }
+int64_t MoeMicroRowBlock() { return HWY_DYNAMIC_DISPATCH(MicroRowBlock)(); }
 
 uint64_t MoeMicroPackedBytes(int64_t width, int64_t reduce) {
   const int64_t nr = MoeMicroPanelWidth();
@@ -381,9 +425,9 @@ void MoeMicroPackB(DType gemm_dtype, int64_t width, int64_t reduce, const void* 
 
 void MoeMicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce, const void* a,
                   int64_t lda, const float* b_packed, float* c, int64_t ldc, bool accumulate,
-                  float* a_scratch) {
+                  float* a_scratch, bool stream_c) {
   HWY_DYNAMIC_DISPATCH(MicroGemm)(gemm_dtype, rows, width, reduce, a, lda, b_packed, c, ldc,
-                                  accumulate, a_scratch);
+                                  accumulate, a_scratch, stream_c);
 }
 
 }  // namespace gk

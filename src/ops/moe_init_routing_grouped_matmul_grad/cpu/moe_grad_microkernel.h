@@ -18,9 +18,10 @@
 
 namespace gk {
 
-// The register block: kMoeMicroRows rows x NR columns of accumulators (12 of AVX2's 16 vector
-// registers; the two B vectors and the broadcast A value take the rest).
-inline constexpr int64_t kMoeMicroRows = 6;
+// The register block is MoeMicroRowBlock() rows x NR columns of accumulators: 12 rows on
+// AVX-512 (24 of its 32 vector registers; the two B vectors and the broadcast A value take three
+// more), 6 on AVX2 and other targets (12 of AVX2's 16). A C whose rows are more than 4 KiB apart
+// and not streamed takes blocks of 6 rows on every target (see MicroGemm).
 // Reduction elements per block: the B panel's block (kMoeMicroReduceBlock x NR float32: 16 KiB on
 // AVX2) stays in L1 while every row block runs over it; A's block (rows x this) stays in L2. A
 // reduction is cut into equal blocks of at most this.
@@ -28,6 +29,9 @@ inline constexpr int64_t kMoeMicroReduceBlock = 256;
 
 // The panel width NR of the target chosen at run time (16 on AVX2, 32 on AVX-512).
 int64_t MoeMicroPanelWidth();
+// The register block's rows on the target chosen at run time (12 on AVX-512, 6 elsewhere), for a
+// C of rows at most 4 KiB apart or streamed.
+int64_t MoeMicroRowBlock();
 
 // Bytes of B packed for `width` columns and `reduce` reduction elements.
 uint64_t MoeMicroPackedBytes(int64_t width, int64_t reduce);
@@ -43,8 +47,11 @@ void MoeMicroPackB(DType gemm_dtype, int64_t width, int64_t reduce, const void* 
 
 // C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda, gemm_dtype) * B, B packed
 // by MoeMicroPackB for the same width and reduce. a_scratch: MoeMicroAScratchBytes(rows) bytes.
+// stream_c: C's final values are stored by non-temporal stores (no read for ownership, nothing
+// left in the caches), where the target has them, C is 64-byte aligned and ldc a multiple of 16;
+// fenced before the call returns. The same bits either way.
 void MoeMicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce, const void* a,
                   int64_t lda, const float* b_packed, float* c, int64_t ldc, bool accumulate,
-                  float* a_scratch);
+                  float* a_scratch, bool stream_c = false);
 
 }  // namespace gk
