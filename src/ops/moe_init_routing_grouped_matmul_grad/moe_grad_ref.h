@@ -82,6 +82,9 @@ struct MoeGradRoutingSpec {
   int64_t empty_experts = 0;       // the last experts receive nothing
   std::vector<int64_t> forced_empty;  // these experts receive nothing either
   uint64_t seed = 1;
+  // When set (G of them, summing to batch * topK): expert e receives exactly counts[e] slots,
+  // consecutive ones in slot order (the fields above but batch, top_k and g then unused).
+  std::vector<int64_t> counts;
 };
 
 // One routing, in every form the operator accepts. Rows are the routed slots sorted by
@@ -107,7 +110,11 @@ inline MoeGradRouting MakeMoeGradRouting(const MoeGradRoutingSpec& spec) {
   }
   const int64_t slots = spec.batch * spec.top_k;
   std::vector<int64_t> slot_expert(static_cast<size_t>(slots), -1);
-  for (int64_t p = 0; p < slots; ++p) {
+  for (int64_t p = 0, e = 0, run = 0; p < slots && !spec.counts.empty(); ++p, ++run) {
+    while (run == spec.counts[static_cast<size_t>(e)]) ++e, run = 0;
+    slot_expert[p] = e;
+  }
+  for (int64_t p = 0; p < slots && spec.counts.empty(); ++p) {
     if (unit(generator) >= spec.keep || allowed.empty()) continue;
     if (spec.skew > 0 && unit(generator) < spec.skew) {
       slot_expert[p] = allowed.front();

@@ -49,6 +49,10 @@ const GmmCase kCases[] = {
     // oneDNN the 40-wide block runs on gemm:jit, the others on brgemm (float32 on Zen 4 / Zen 5:
     // all on gemm:jit), so both kernels meet staged rows against the plain form's whole pieces.
     {"a_stages", 300, 1, 1, kGroupedMatmulAStageBytes / (4 * 64), 296},
+    // Exact expert sizes around the pieces of base_m rows: 320 and 321 (256 + 64 / 65), 257, 576
+    // and 577 (three pieces, the last of 64 / 65 rows), 256, with empty and one-row experts
+    // between them, so that pieces start at every offset into a row block.
+    {"piece_folds", 2388, 1, 9, 40, 300, 1.0, 0.0, {}, 1, {320, 0, 321, 1, 257, 576, 577, 80, 256}},
 };
 
 struct Form {

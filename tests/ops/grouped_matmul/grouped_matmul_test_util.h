@@ -27,6 +27,7 @@ struct GmmCase {
   double skew = 0.0;  // fraction of slots on expert 0
   std::vector<int64_t> forced_empty = {};
   uint64_t seed = 1;
+  std::vector<int64_t> counts = {};  // exact rows per expert (MoeGradRoutingSpec::counts)
 };
 
 enum class GmmValues { kSmallIntegers, kRandom };
@@ -51,6 +52,7 @@ inline GmmInputs MakeGmmInputs(const GmmCase& c, DType dtype, GmmValues kind) {
   spec.skew = c.skew;
   spec.forced_empty = c.forced_empty;
   spec.seed = c.seed;
+  spec.counts = c.counts;
   GmmInputs in{c, dtype, MakeMoeGradRouting(spec), {}, {}, {}, {}, {}, {}, {}};
   std::mt19937 generator(static_cast<uint32_t>(c.seed * 7919 + static_cast<int>(dtype)));
   std::uniform_int_distribution<int> small(-3, 3);
