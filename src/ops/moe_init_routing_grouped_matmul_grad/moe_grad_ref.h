@@ -110,9 +110,10 @@ inline MoeGradRouting MakeMoeGradRouting(const MoeGradRoutingSpec& spec) {
   }
   const int64_t slots = spec.batch * spec.top_k;
   std::vector<int64_t> slot_expert(static_cast<size_t>(slots), -1);
-  for (int64_t p = 0, e = 0, run = 0; p < slots && !spec.counts.empty(); ++p, ++run) {
-    while (run == spec.counts[static_cast<size_t>(e)]) ++e, run = 0;
-    slot_expert[p] = e;
+  if (!spec.counts.empty()) {  // expert e takes the next counts[e] slots
+    for (int64_t e = 0, p = 0; e < static_cast<int64_t>(spec.counts.size()); ++e) {
+      for (int64_t i = 0; i < spec.counts[static_cast<size_t>(e)] && p < slots; ++i) slot_expert[p++] = e;
+    }
   }
   for (int64_t p = 0; p < slots && spec.counts.empty(); ++p) {
     if (unit(generator) >= spec.keep || allowed.empty()) continue;

@@ -52,7 +52,7 @@ const GmmCase kCases[] = {
     // Exact expert sizes around the pieces of base_m rows: 320 and 321 (256 + 64 / 65), 257, 576
     // and 577 (three pieces, the last of 64 / 65 rows), 256, with empty and one-row experts
     // between them, so that pieces start at every offset into a row block.
-    {"piece_folds", 2388, 1, 9, 40, 300, 1.0, 0.0, {}, 1, {320, 0, 321, 1, 257, 576, 577, 80, 256}},
+    {"exact_piece_edges", 2388, 1, 9, 40, 300, 1.0, 0.0, {}, 1, {320, 0, 321, 1, 257, 576, 577, 80, 256}},
 };
 
 struct Form {

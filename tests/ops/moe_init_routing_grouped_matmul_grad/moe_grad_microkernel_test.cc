@@ -3,7 +3,8 @@
 // whatever the rows, columns and reduction blocks of the call; B packed from its rows and from
 // its transpose's rows gives the same panels, with zeros past the width. Sizes from the kernel's
 // own blocks: rows around the target's row block MoeMicroRowBlock() (every tail split), widths
-// around the panel width, and reductions around kMoeMicroReduceBlock. And the choice of GEMM (GRADKIT_GEMM).
+// around the panel width, and reductions around kMoeMicroReduceBlock. And the choice of GEMM
+// (GRADKIT_GEMM).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -44,9 +44,9 @@ HWY_NOINLINE int64_t MicroPanelWidth() {
 // accumulators, 2 B vectors, the broadcast), 6 on AVX2's 16. A C of rows more than 4 KiB apart
 // takes blocks of kMicroRowsStrided: its rows' lines then share few of L1's sets (48 KiB, 12
 // ways: lines 4 KiB apart share a set), and 12 rows' 24 lines, loaded and stored by plain
-// stores, measured 3-5 points of dense slower in the weight grad at S1/S3 with a gradWeight 16
-// bytes off a line, 68-76 against 87-93% at S3 with an aligned one (Zen 5, session 33); streamed
-// (non-temporal) stores do not go through L1 and keep 12.
+// stores, measured 4-5 points of dense slower on average (three rounds) in the weight grad at
+// S1/S3 with a gradWeight 16 bytes off a line, 68-76 against 87-93% at S3 with an aligned one
+// (Zen 5, session 33); streamed (non-temporal) stores do not go through L1 and keep 12.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 constexpr int kMicroRows = 12;
 #else
