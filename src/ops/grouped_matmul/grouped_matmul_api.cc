@@ -198,6 +198,28 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
     return slots.gemm->PrepareB(cols, kr, b);
   }
 
+  // Asks the GEMM to fetch the weights of (expert g, column block, k-block kb), read where they
+  // are ([K, N] rows, or [N, K] rows), while the calls after it run, about `macs` multiply-adds
+  // (a hint: the own kernel spreads the loads over its arithmetic, so that the block is in the
+  // caches when it is prepared).
+  void PrefetchWeights(int64_t g, int64_t col_block, int64_t kb, int64_t macs,
+                       ThreadSlots& slots) const {
+    const GroupedMatmulPlan& p = plan_;
+    const GroupedMatmulShape& s = p.shape;
+    const int64_t elem = ElementBytes(s.dtype);
+    const int64_t k0 = kb * p.base_k, n0 = col_block * p.base_n;
+    const int64_t kr = kb == p.k_blocks - 1 ? p.last_k : p.base_k;
+    const int64_t cols = BlockCols(col_block);
+    const char* w = TensorBase(operand_);
+    if (p.b_from_kn) {
+      slots.gemm->PrefetchDuringRuns(w + ((g * s.k + k0) * s.n + n0) * elem, kr, cols * elem,
+                                     s.n * elem, macs);
+    } else {
+      slots.gemm->PrefetchDuringRuns(w + ((g * s.n + n0) * s.k + k0) * elem, cols, kr * elem,
+                                     s.k * elem, macs);
+    }
+  }
+
   // Streamed weights: the unit's column blocks [nb0, nb1) for the pieces whose first row is in
   // its row group, expert by expert, K in k-blocks summed in ascending order into one C tile per
   // (piece, column block). Each k-block of the expert's pieces is copied once (dense, as the GEMM
@@ -232,6 +254,15 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
         }
         for (int64_t nb = nb0; nb < nb1; ++nb) {
           const void* b = PrepareWeights(g, nb, k0, kr, slots);
+          if (p.b_from_kn || !(p.b_copied || p.b_kn_tile)) {  // the next block, fetched meanwhile
+            const bool last_col = nb + 1 == nb1;
+            if (!last_col || kb + 1 < p.k_blocks) {
+              int64_t rows = 0;
+              for (int64_t j = 0; j < pieces; ++j) rows += PaddedRows(piece_rows(j));
+              PrefetchWeights(g, last_col ? nb0 : nb + 1, last_col ? kb + 1 : kb,
+                              rows * BlockCols(nb) * kr, slots);
+            }
+          }
           for (int64_t j = 0; j < pieces; ++j) {
             slots.gemm->Run(PaddedRows(piece_rows(j)), BlockCols(nb), kr, /*accumulate=*/kb > 0,
                             slots.a_tile + j * p.base_m * kr * gemm_elem, b,

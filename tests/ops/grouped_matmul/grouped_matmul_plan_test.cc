@@ -156,18 +156,44 @@ TEST(grouped_matmul_plan, BPackedOnceByGradkitsPackerOnOneDnn2) {
   if (cases == 0) GTEST_SKIP() << "this CPU has no brgemm kernel for float32 or bfloat16 (AVX-512)";
 }
 
-// auto: the forward on oneDNN wherever it runs brgemm; the weight gradient's float32 tiles on the
-// micro-kernel where the CPU rule says they run faster (the fused op's rule), bfloat16 on oneDNN.
+// auto: the forward on oneDNN wherever it runs brgemm, but its float32 k-blocks (streamed
+// weights) on the micro-kernel where that CPU rule says so; the weight gradient's float32 tiles
+// on the micro-kernel where the CPU rule says they run faster (the fused op's rule), bfloat16 on
+// oneDNN. (700 rows over 5 experts, K 300: one piece an expert, so k-blocks of 256 and 44 where
+// the CPU does not read N < 256 columns in place.)
 TEST(grouped_matmul_plan, AutoTakesOneDnnWhereItHasBrgemm) {
   if (MoeTileGemmChoiceFromEnv() != MoeTileGemmChoice::kAuto) GTEST_SKIP() << "GRADKIT_GEMM set";
   const bool own_f32 = MoeOwnF32TilesOutrunBrgemm(DetectCpuIdentity());
+  const bool own_streamed = MoeOwnStreamedF32OutrunsBrgemm(DetectCpuIdentity());
   for (GroupedMatmulOp op : {GroupedMatmulOp::kForward, GroupedMatmulOp::kWeightGrad}) {
     for (DType dtype : {DType::kF32, DType::kBF16}) {
-      const bool own = op == GroupedMatmulOp::kWeightGrad && dtype == DType::kF32 && own_f32;
+      const bool streamed = GroupedMatmulTileGemmShape(Shape(op, 700, 300, 200, 5, dtype)).streamed_b;
+      const bool own = dtype == DType::kF32 &&
+                       ((op == GroupedMatmulOp::kWeightGrad && own_f32) || (streamed && own_streamed));
       const bool onednn = MoeGemmHasOneDnn() && gk::testing::CpuHasBrgemmFor(dtype) && !own;
       EXPECT_EQ(DetectGroupedMatmulMachine(Shape(op, 700, 300, 200, 5, dtype)).gemm_backend,
                 onednn ? "onednn" : "gradkit")
           << (op == GroupedMatmulOp::kForward ? "forward " : "weight grad ") << DTypeName(dtype);
+    }
+  }
+}
+
+// The forward's float32 k-blocks name each next weight block to the GEMM (streamed_b), whatever
+// the weight form (all forms run one kernel); not without k-blocks, not bfloat16 or float16
+// (whose B goes through the B tile), not the weight grad.
+TEST(grouped_matmul_plan, StreamedWeightsAreFloat32ForwardKBlocks) {
+  for (GroupedMatmulOp op : {GroupedMatmulOp::kForward, GroupedMatmulOp::kWeightGrad}) {
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+      for (bool weight_nk : {false, true}) {
+        for (int64_t k : {int64_t{300}, kGroupedMatmulMaxWholeK + 200}) {
+          GroupedMatmulShape s = Shape(op, 700, k, 200, 5, dtype);
+          s.weight_nk = weight_nk && op == GroupedMatmulOp::kForward;
+          const bool k_blocks = MakeGroupedMatmulPlan(s, Machine(2)).k_blocks > 1;
+          EXPECT_EQ(GroupedMatmulTileGemmShape(s).streamed_b,
+                    op == GroupedMatmulOp::kForward && dtype == DType::kF32 && k_blocks)
+              << DTypeName(dtype) << " K " << k << " weight_nk " << weight_nk;
+        }
+      }
     }
   }
 }

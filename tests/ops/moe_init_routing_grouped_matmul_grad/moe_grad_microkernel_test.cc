@@ -7,6 +7,7 @@
 // (GRADKIT_GEMM).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -181,6 +182,54 @@ TEST_P(MoeMicroKernelTest, StreamedCIsTheSameBits) {
   }
 }
 
+// Lines asked for meanwhile (MoeMicroPrefetch: the next weight block's rows, here an unrelated
+// buffer of 16 rows of 4 lines (200 bytes), 3 lines a register block) change no bit, and all are
+// asked for once the call has run 22 register blocks: every row count of RowCounts, whole and
+// narrower panels, one and several reduction blocks, A's rows kMoeMicroReduceBlock apart (the
+// kernel asks inside its loop) or not (before each block), C's rows near and more than 4 KiB
+// apart; none past the buffer's rows (the cursor stops at them).
+TEST_P(MoeMicroKernelTest, PrefetchChangesNoBit) {
+  const int64_t nr = MoeMicroPanelWidth();
+  const int64_t kb = kMoeMicroReduceBlock;
+  const std::vector<float> elsewhere(4096, 1.0f);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t rows : RowCounts()) {
+      for (int64_t width : {int64_t{1}, nr, 2 * nr + 3}) {
+        for (int64_t reduce : {int64_t{7}, kb, 2 * kb + 40}) {
+          for (int64_t ldc : {width + 5, width + 1029}) {
+            SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " rows " << rows << " width "
+                                              << width << " reduce " << reduce << " ldc " << ldc);
+            const Operands op(dtype, rows, width, reduce, static_cast<uint32_t>(rows * 17 + width + reduce));
+            // A of one full block: dense (rows kb apart); else as Operands keeps it (lda reduce + 3).
+            const int64_t elem = ElementBytes(dtype);
+            const int64_t lda = reduce == kb ? kb : op.lda;
+            std::vector<uint16_t> a(static_cast<size_t>(rows * lda * elem / 2 + 1));
+            for (int64_t r = 0; r < rows; ++r) {
+              std::memcpy(reinterpret_cast<char*>(a.data()) + r * lda * elem,
+                          reinterpret_cast<const char*>(op.a.data()) + r * op.lda * elem,
+                          static_cast<size_t>(reduce * elem));
+            }
+            const std::vector<float> packed = op.Packed();
+            std::vector<float> scratch(MoeMicroAScratchBytes(dtype, rows) / sizeof(float) + 1);
+            std::vector<float> c(static_cast<size_t>(rows * ldc), 3.0f), c_prefetched = c;
+            MoeMicroGemm(dtype, rows, width, reduce, a.data(), lda, packed.data(), c.data(), ldc,
+                         /*accumulate=*/true, scratch.data());
+            MoeMicroPrefetch prefetch{reinterpret_cast<const char*>(elsewhere.data()), 16, 200, 1024, 3};
+            MoeMicroGemm(dtype, rows, width, reduce, a.data(), lda, packed.data(),
+                         c_prefetched.data(), ldc, /*accumulate=*/true, scratch.data(), false, &prefetch);
+            ASSERT_EQ(c_prefetched, c);
+            const int64_t blocks = std::max<int64_t>(1, rows / MoeMicroRowBlock()) *
+                                   ((width + nr - 1) / nr) * ((reduce + kb - 1) / kb);
+            EXPECT_EQ(prefetch.row, blocks >= 22 ? 16 : prefetch.row);
+            EXPECT_LE(prefetch.row, 16);
+            EXPECT_GT(prefetch.row * 4 + prefetch.byte / 64, 0);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_P(MoeMicroKernelTest, PackedFromRowsOrTransposeIsTheSamePanels) {
   const int64_t nr = MoeMicroPanelWidth();
   for (DType dtype : {DType::kF32, DType::kBF16}) {
@@ -327,6 +376,15 @@ TEST(moe_grad_gemm, OwnFloat32TilesOnZen4Only) {
   EXPECT_FALSE(MoeOwnF32TilesOutrunBrgemm({"AuthenticAMD", 0x1A, 0x02}));
   EXPECT_FALSE(MoeOwnF32TilesOutrunBrgemm({"GenuineIntel", 0x6, 0x8F}));
   EXPECT_FALSE(MoeOwnF32TilesOutrunBrgemm({"", 0, 0}));
+}
+
+// The CPUs whose streamed float32 forward runs on the micro-kernel: AMD family 0x1A (Zen 5), where
+// it was measured; not Zen 4, not Intel, not an unknown CPU.
+TEST(moe_grad_gemm, OwnStreamedFloat32OnZen5Only) {
+  EXPECT_TRUE(MoeOwnStreamedF32OutrunsBrgemm({"AuthenticAMD", 0x1A, 0x02}));
+  EXPECT_FALSE(MoeOwnStreamedF32OutrunsBrgemm({"AuthenticAMD", 0x19, 0x11}));
+  EXPECT_FALSE(MoeOwnStreamedF32OutrunsBrgemm({"GenuineIntel", 0x6, 0x8F}));
+  EXPECT_FALSE(MoeOwnStreamedF32OutrunsBrgemm({"", 0, 0}));
 }
 
 // The CPUs whose float32 forward reads [K, N] weights in place: AMD families 0x19 (Zen 4) and

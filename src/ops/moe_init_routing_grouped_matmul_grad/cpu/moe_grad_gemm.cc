@@ -57,6 +57,10 @@ class MicroTileGemm final : public MoeTileGemm {
   }
   std::string name() const override { return "gradkit"; }
   std::string impl(int64_t) const override {
+    if (shape_.streamed_b) {
+      return fmt::format("microkernel {}x{}, B packed once per block, the next block fetched "
+                         "meanwhile", MoeMicroRowBlock(), MoeMicroPanelWidth());
+    }
     return fmt::format("microkernel {}x{}, B packed {}", MoeMicroRowBlock(), MoeMicroPanelWidth(),
                        shape_.prepared_b ? "once per block" : "per call");
   }
@@ -66,7 +70,6 @@ class MicroTileGemm final : public MoeTileGemm {
   bool packs_b() const override { return shape_.prepared_b; }
   bool prepares_b_from_kn() const override { return shape_.prepared_b && shape_.ldb_kn > 0; }
   bool takes_any_stride() const override { return true; }
-
   class MicroWorker final : public Worker {
    public:
     MicroWorker(const MicroTileGemm& gemm, void* scratchpad)
@@ -85,8 +88,18 @@ class MicroTileGemm final : public MoeTileGemm {
     }
     const void* PrepareBStrided(int64_t width, int64_t reduce, const void* b, int64_t ldb,
                                 bool kn) override {
+      prefetch_ = MoeMicroPrefetch{};
       MoeMicroPackB(gemm_.shape_.gemm_dtype, width, reduce, b, ldb, kn, packed_);
       return packed_;
+    }
+    void PrefetchDuringRuns(const void* base, int64_t rows, int64_t row_bytes, int64_t stride,
+                            int64_t macs) override {
+      if (!gemm_.shape_.streamed_b) return;
+      const int64_t lines = rows * CeilDiv(row_bytes, int64_t{64});
+      const int64_t block_macs = MoeMicroRowBlock() * MoeMicroPanelWidth() * kMoeMicroReduceBlock;
+      const int64_t blocks = std::max<int64_t>(1, macs / block_macs);
+      prefetch_ = MoeMicroPrefetch{static_cast<const char*>(base), rows, row_bytes, stride,
+                                   CeilDiv(lines, blocks)};
     }
     void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
              const void* b, float* c) override {
@@ -102,7 +115,7 @@ class MicroTileGemm final : public MoeTileGemm {
                     int64_t lda, const void* b, float* c) override {
       MoeMicroGemm(gemm_.shape_.gemm_dtype, rows, width, reduce, a, lda,
                    static_cast<const float*>(b), c, gemm_.shape_.ldc, accumulate, a_scratch_,
-                   final_c_);
+                   final_c_, &prefetch_);
     }
     void SetFinalC(bool final_c) override { final_c_ = final_c; }
 
@@ -111,6 +124,7 @@ class MicroTileGemm final : public MoeTileGemm {
     float* packed_;
     float* a_scratch_;
     bool final_c_ = false;
+    MoeMicroPrefetch prefetch_;  // PrefetchDuringRuns', until the next PrepareB
   };
   std::unique_ptr<Worker> MakeWorker(void* scratchpad) const override {
     return std::make_unique<MicroWorker>(*this, scratchpad);
@@ -760,6 +774,10 @@ bool IsAmdFamily19(const CpuIdentity& cpu) { return cpu.vendor == "AuthenticAMD"
 
 bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu) { return IsAmdFamily19(cpu); }
 
+bool MoeOwnStreamedF32OutrunsBrgemm(const CpuIdentity& cpu) {
+  return cpu.vendor == "AuthenticAMD" && cpu.family == 0x1A;
+}
+
 bool MoeF32InPlaceKNOutrunsPackedBrgemm(const CpuIdentity& cpu) {
   return IsAmdFamily19(cpu) || (cpu.vendor == "AuthenticAMD" && cpu.family == 0x1A);
 }
@@ -767,8 +785,10 @@ bool MoeF32InPlaceKNOutrunsPackedBrgemm(const CpuIdentity& cpu) {
 std::unique_ptr<MoeTileGemm> MoeTileGemm::Create(const MoeTileGemmShape& shape) {
   const MoeTileGemmChoice choice = MoeTileGemmChoiceFromEnv();
 #if defined(GRADKIT_HAVE_DNNL)
-  const bool own_faster = shape.own_f32_where_faster && shape.gemm_dtype == DType::kF32 &&
-                          MoeOwnF32TilesOutrunBrgemm(DetectCpuIdentity());
+  const CpuIdentity cpu = DetectCpuIdentity();
+  const bool own_faster = shape.gemm_dtype == DType::kF32 &&
+                          ((shape.own_f32_where_faster && MoeOwnF32TilesOutrunBrgemm(cpu)) ||
+                           (shape.streamed_b && MoeOwnStreamedF32OutrunsBrgemm(cpu)));
   if (choice == MoeTileGemmChoice::kOneDnn ||
       (choice == MoeTileGemmChoice::kAuto && !own_faster && OneDnnRunsBrgemm(shape))) {
     try {

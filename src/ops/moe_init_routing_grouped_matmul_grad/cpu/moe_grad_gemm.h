@@ -66,6 +66,11 @@ struct MoeTileGemmShape {
   // Set by the fused op and GroupedMatmulWeightGrad, not by GroupedMatmul's forward (whose dense
   // x rows and B packed once per expert block run faster on oneDNN at S1/S4, docs/benchmarks.md).
   bool own_f32_where_faster = false;
+  // The caller's Bs are cold weights, each prepared for few rows and followed by the next, which
+  // it names by Worker::PrefetchDuringRuns (GroupedMatmul's float32 forward in k-blocks): the own
+  // kernel fetches that one while it multiplies (oneDNN's kernels take no such hint); auto takes
+  // the own kernel on CPUs of MoeOwnStreamedF32OutrunsBrgemm.
+  bool streamed_b = false;
 };
 
 // CPUs where oneDNN 2.6's float32 brgemm loses to the micro-kernel on the fused op's tiles (and
@@ -74,6 +79,15 @@ struct MoeTileGemmShape {
 // Measured on Zen 4 (docs/benchmarks.md); on Zen 5 (family 0x1A, full 512-bit units) the two ran
 // within the noise of each other (session 23), so it and other families keep oneDNN's brgemm.
 bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu);
+
+// CPUs where the own kernel, fetching each next weight block while it multiplies
+// (MoeTileGemmShape::streamed_b), outruns oneDNN 2.6's brgemm, whose B a separate pass packs from
+// memory first: AMD family 0x1A (Zen 5). GroupedMatmul S3 float32, 2 threads: `gradkit bench`,
+// three rounds, percent of dense, oneDNN 75, 84, 79 / own kernel without the fetch 81, 85, 88 /
+// with it 86, 87, 90; a one-process harness, six interleaved rounds, mean GFLOP/s 265 / 272 / 286
+// (docs/benchmarks.md, session 34). Not measured elsewhere: other CPUs keep brgemm.
+bool MoeOwnStreamedF32OutrunsBrgemm(const CpuIdentity& cpu);
+
 
 // CPUs where oneDNN 2.6 runs GroupedMatmul's float32 forward tiles faster reading [K, N] weight
 // rows in place (gemm:jit, which packs them inside its loops, as it computes) than on brgemm
@@ -142,6 +156,14 @@ class MoeTileGemm {
     // still be cached (the weight gradient's last chunk into gradWeight): the own kernel then
     // stores them by non-temporal stores where C's rows are whole aligned lines. The same bits.
     virtual void SetFinalC(bool final_c) { (void)final_c; }
+    // Asks `rows` rows of `row_bytes` bytes, `stride` bytes apart, from `base` into the caches
+    // while the Runs after it compute, spread over about `macs` multiply-adds of theirs (the own
+    // kernel, shape.streamed_b: the next B block's weights, fetched behind the arithmetic instead
+    // of stalling the pass that packs them). Until the next PrepareB. A hint: no bit changes.
+    virtual void PrefetchDuringRuns(const void* base, int64_t rows, int64_t row_bytes,
+                                    int64_t stride, int64_t macs) {
+      (void)base, (void)rows, (void)row_bytes, (void)stride, (void)macs;
+    }
     // Only where takes_any_stride(): PrepareB from B [width, reduce] of row stride ldb, or with
     // `kn` from B^T [reduce, width] of row stride ldb; Run with A of row stride lda. The same
     // values give the same bits whatever the strides.

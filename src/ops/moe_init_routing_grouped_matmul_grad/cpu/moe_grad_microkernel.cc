@@ -213,10 +213,13 @@ HWY_NOINLINE void MicroPackB(DType gemm_dtype, int64_t width, int64_t reduce, co
 // fused multiply-add chain per element over k ascending.
 // With `stream`, C's rows go out by non-temporal stores (each row's NR values whole lines of an
 // aligned C, see MicroGemm).
-template <int MR>
+// kLda > 0: A's row stride is kLda (lda ignored): the rows are read at constant offsets from one
+// pointer, which leaves registers for pf's lines, asked for inside the loop (its per_block of
+// them, one every kc / per_block steps).
+template <int MR, int64_t kLda = 0>
 HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda,
                             const float* HWY_RESTRICT panel, float* HWY_RESTRICT c, int64_t ldc,
-                            bool load_c, bool stream = false) {
+                            bool load_c, bool stream = false, MoeMicroPrefetch* pf = nullptr) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
@@ -228,13 +231,44 @@ HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda
     lo[r] = load_c ? hn::LoadU(df, c + r * ldc) : hn::Zero(df);
     hi[r] = load_c ? hn::LoadU(df, c + r * ldc + lanes) : hn::Zero(df);
   }
-  for (int64_t k = 0; k < kc; ++k) {
-    const V b0 = hn::LoadU(df, panel + k * nr);
-    const V b1 = hn::LoadU(df, panel + k * nr + lanes);
-    for (int r = 0; r < MR; ++r) {
-      const V av = hn::Set(df, row[r][k]);
-      lo[r] = hn::MulAdd(av, b0, lo[r]);
-      hi[r] = hn::MulAdd(av, b1, hi[r]);
+  if constexpr (kLda > 0) {
+    const auto step = [&](int64_t k) {
+      const V b0 = hn::LoadU(df, panel + k * nr);
+      const V b1 = hn::LoadU(df, panel + k * nr + lanes);
+      for (int r = 0; r < MR; ++r) {
+        const V av = hn::Set(df, a[r * kLda + k]);
+        lo[r] = hn::MulAdd(av, b0, lo[r]);
+        hi[r] = hn::MulAdd(av, b1, hi[r]);
+      }
+    };
+    int64_t k = 0;
+    if (pf != nullptr && pf->row < pf->rows && pf->per_block > 0) {
+      constexpr int64_t kLine = 64;
+      const int64_t every = std::max<int64_t>(1, kc / pf->per_block);
+      const char* line = pf->base + pf->row * pf->stride + pf->byte;
+      int64_t left = pf->row_bytes - pf->byte;  // of the row
+      for (int64_t n = pf->per_block; n > 0 && pf->row < pf->rows; --n) {
+        hwy::Prefetch(line);
+        line += kLine;
+        left -= kLine;
+        if (left <= 0) {
+          line = pf->base + ++pf->row * pf->stride;
+          left = pf->row_bytes;
+        }
+        for (const int64_t k1 = std::min(kc, k + every); k < k1; ++k) step(k);
+      }
+      pf->byte = pf->row_bytes - left;
+    }
+    for (; k < kc; ++k) step(k);
+  } else {
+    for (int64_t k = 0; k < kc; ++k) {
+      const V b0 = hn::LoadU(df, panel + k * nr);
+      const V b1 = hn::LoadU(df, panel + k * nr + lanes);
+      for (int r = 0; r < MR; ++r) {
+        const V av = hn::Set(df, row[r][k]);
+        lo[r] = hn::MulAdd(av, b0, lo[r]);
+        hi[r] = hn::MulAdd(av, b1, hi[r]);
+      }
     }
   }
   if (stream) {
@@ -250,28 +284,54 @@ HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda
   }
 }
 
-template <int MR>
-HWY_NOINLINE void MicroBlockNarrow(int64_t kc, const float* a, int64_t lda, const float* panel,
-                                   float* c, int64_t ldc, int64_t cols, bool load_c);
-
-// A register block of MR rows and `cols` <= NR columns: a narrower panel runs through a local
-// tile (its padding columns are zeros in the panel, their sums dropped; C by plain stores).
-template <int MR>
-HWY_INLINE void MicroBlock(int64_t kc, const float* a, int64_t lda, const float* panel, float* c,
-                           int64_t ldc, int64_t cols, bool load_c, bool stream) {
-  if (cols == MicroPanelWidth()) {
-    MicroTile<MR>(kc, a, lda, panel, c, ldc, load_c, stream);
-  } else {
-    MicroBlockNarrow<MR>(kc, a, lda, panel, c, ldc, cols, load_c);
+// The next per_block lines of pf (none without it), asked for before a register block runs,
+// where the kernel's loop has no register left for them (12 rows' pointers of any stride: a
+// prefetch stream inside that loop spilled a B vector to the stack, S3 65-73% of dense against
+// 78-83 on oneDNN; session 34). Blocks of A rows 256 floats apart (kMoeMicroReduceBlock: the
+// forward's dense k-blocks) ask for them inside the loop instead (MicroTile's kLda).
+HWY_INLINE void PrefetchNext(MoeMicroPrefetch* pf) {
+  if (pf == nullptr) return;
+  constexpr int64_t kLine = 64;
+  for (int64_t n = 0; n < pf->per_block && pf->row < pf->rows; ++n) {
+    hwy::Prefetch(pf->base + pf->row * pf->stride + pf->byte);
+    pf->byte += kLine;
+    if (pf->byte >= pf->row_bytes) pf->byte = 0, ++pf->row;
   }
 }
 
 template <int MR>
 HWY_NOINLINE void MicroBlockNarrow(int64_t kc, const float* a, int64_t lda, const float* panel,
-                                   float* c, int64_t ldc, int64_t cols, bool load_c) {
+                                   float* c, int64_t ldc, int64_t cols, bool load_c,
+                                   MoeMicroPrefetch* pf);
+
+// A register block of MR rows and `cols` <= NR columns: a narrower panel runs through a local
+// tile (its padding columns are zeros in the panel, their sums dropped; C by plain stores).
+template <int MR>
+HWY_INLINE void MicroBlock(int64_t kc, const float* a, int64_t lda, const float* panel, float* c,
+                           int64_t ldc, int64_t cols, bool load_c, bool stream,
+                           MoeMicroPrefetch* pf) {
+  if (cols == MicroPanelWidth()) {
+    if constexpr (MR == kMicroRows) {
+      if (pf != nullptr && lda == kKc) {  // rows at constant offsets: the stream in the loop
+        MicroTile<MR, kKc>(kc, a, lda, panel, c, ldc, load_c, stream, pf);
+        return;
+      }
+    }
+    PrefetchNext(pf);
+    MicroTile<MR>(kc, a, lda, panel, c, ldc, load_c, stream);
+  } else {
+    MicroBlockNarrow<MR>(kc, a, lda, panel, c, ldc, cols, load_c, pf);
+  }
+}
+
+template <int MR>
+HWY_NOINLINE void MicroBlockNarrow(int64_t kc, const float* a, int64_t lda, const float* panel,
+                                   float* c, int64_t ldc, int64_t cols, bool load_c,
+                                   MoeMicroPrefetch* pf) {
   const int64_t nr = MicroPanelWidth();
   HWY_ALIGN float tile[kMicroRows * 2 * HWY_LANES(float)] = {};
   for (int r = 0; r < MR && load_c; ++r) std::memcpy(tile + r * nr, c + r * ldc, cols * sizeof(float));
+  PrefetchNext(pf);
   MicroTile<MR>(kc, a, lda, panel, tile, nr, load_c);
   for (int r = 0; r < MR; ++r) std::memcpy(c + r * ldc, tile + r * nr, cols * sizeof(float));
 }
@@ -292,7 +352,7 @@ HWY_INLINE void PrefetchRows(const float* a, int64_t lda, int64_t r0, int64_t r1
 HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce,
                                 int64_t kc_base, const void* a, int64_t lda, const float* b_packed,
                                 float* c, int64_t ldc, bool accumulate, float* a_scratch,
-                                bool stream_c, int64_t block) {
+                                bool stream_c, int64_t block, MoeMicroPrefetch* pf) {
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   const int64_t nr = 2 * lanes;
@@ -334,12 +394,12 @@ HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, i
         const int64_t r0 = b * block;
         if (n0 == 0) PrefetchRows(a_block, a_ld, r0 + block, std::min(rows, r0 + 2 * block), kc);
         if (load_c) PrefetchRows(c + n0, ldc, r0 + block, std::min(rows, r0 + 2 * block), cols);
+        const float* a_rows = a_block + r0 * a_ld;
+        float* c_rows = c + r0 * ldc + n0;
         if (block == kMicroRows) {
-          MicroBlock<kMicroRows>(kc, a_block + r0 * a_ld, a_ld, panel, c + r0 * ldc + n0, ldc, cols,
-                                 load_c, stream);
+          MicroBlock<kMicroRows>(kc, a_rows, a_ld, panel, c_rows, ldc, cols, load_c, stream, pf);
         } else {
-          MicroBlock<kMicroRowsStrided>(kc, a_block + r0 * a_ld, a_ld, panel, c + r0 * ldc + n0, ldc,
-                                        cols, load_c, stream);
+          MicroBlock<kMicroRowsStrided>(kc, a_rows, a_ld, panel, c_rows, ldc, cols, load_c, stream, pf);
         }
       }
       int64_t r0 = full * block;
@@ -349,12 +409,12 @@ HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, i
         const float* a_rest = a_block + r0 * a_ld;
         float* c_rest = c + r0 * ldc + n0;
         switch (mr) {
-          case 6: MicroBlock<6>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream); break;
-          case 5: MicroBlock<5>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream); break;
-          case 4: MicroBlock<4>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream); break;
-          case 3: MicroBlock<3>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream); break;
-          case 2: MicroBlock<2>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream); break;
-          default: MicroBlock<1>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream); break;
+          case 6: MicroBlock<6>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream, pf); break;
+          case 5: MicroBlock<5>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream, pf); break;
+          case 4: MicroBlock<4>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream, pf); break;
+          case 3: MicroBlock<3>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream, pf); break;
+          case 2: MicroBlock<2>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream, pf); break;
+          default: MicroBlock<1>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream, pf); break;
         }
         r0 += mr;
       }
@@ -365,7 +425,8 @@ HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, i
 
 HWY_NOINLINE void MicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce,
                             const void* a, int64_t lda, const float* b_packed, float* c,
-                            int64_t ldc, bool accumulate, float* a_scratch, bool stream_c) {
+                            int64_t ldc, bool accumulate, float* a_scratch, bool stream_c,
+                            MoeMicroPrefetch* pf) {
   if (reduce == 0) {
     for (int64_t r = 0; r < rows && !accumulate; ++r) std::fill(c + r * ldc, c + r * ldc + width, 0.0f);
     return;
@@ -389,7 +450,7 @@ HWY_NOINLINE void MicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64
   for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
     MicroGemmRows(gemm_dtype, std::min(chunk_rows, rows - m0), width, reduce, kc_base,
                   static_cast<const char*>(a) + m0 * lda * elem, lda, b_packed, c + m0 * ldc, ldc,
-                  accumulate, a_scratch, stream_c, block);
+                  accumulate, a_scratch, stream_c, block, pf);
   }
   if (stream_c) hwy::FlushStream();  // ordered before whatever the caller does next
 }
@@ -425,9 +486,9 @@ void MoeMicroPackB(DType gemm_dtype, int64_t width, int64_t reduce, const void* 
 
 void MoeMicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce, const void* a,
                   int64_t lda, const float* b_packed, float* c, int64_t ldc, bool accumulate,
-                  float* a_scratch, bool stream_c) {
+                  float* a_scratch, bool stream_c, MoeMicroPrefetch* prefetch) {
   HWY_DYNAMIC_DISPATCH(MicroGemm)(gemm_dtype, rows, width, reduce, a, lda, b_packed, c, ldc,
-                                  accumulate, a_scratch, stream_c);
+                                  accumulate, a_scratch, stream_c, prefetch);
 }
 
 }  // namespace gk

@@ -45,13 +45,26 @@ uint64_t MoeMicroAScratchBytes(DType gemm_dtype, int64_t max_rows);
 void MoeMicroPackB(DType gemm_dtype, int64_t width, int64_t reduce, const void* b, int64_t ldb,
                    bool kn, float* dst);
 
+// Memory a call asks into the caches while it computes, spread evenly over its register blocks
+// (GroupedMatmul's next weight block, cold in memory: fetched while the GEMMs run instead of
+// stalling the pass that packs it): `rows` rows of `row_bytes` bytes, `stride` bytes apart, from
+// `base`, `per_block` cache lines per register block, from line `byte` of row `row` on. Calls
+// advance it; done once row == rows. A hint: no result changes.
+struct MoeMicroPrefetch {
+  const char* base = nullptr;
+  int64_t rows = 0, row_bytes = 0, stride = 0;
+  int64_t per_block = 0;
+  int64_t row = 0, byte = 0;
+};
+
 // C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda, gemm_dtype) * B, B packed
 // by MoeMicroPackB for the same width and reduce. a_scratch: MoeMicroAScratchBytes(rows) bytes.
 // stream_c: C's final values are stored by non-temporal stores (no read for ownership, nothing
 // left in the caches), where the target has them, C is 64-byte aligned and ldc a multiple of 16;
 // fenced before the call returns. The same bits either way.
+// prefetch: lines to ask for meanwhile, per_block of them before each register block (advanced).
 void MoeMicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce, const void* a,
                   int64_t lda, const float* b_packed, float* c, int64_t ldc, bool accumulate,
-                  float* a_scratch, bool stream_c = false);
+                  float* a_scratch, bool stream_c = false, MoeMicroPrefetch* prefetch = nullptr);
 
 }  // namespace gk
