@@ -31,6 +31,8 @@
 // L2) once for all those pieces and
 //   C_piece,nb[rows, cols] (+)= x(rows)[:, k0:k0+kr] * W[g][k0:k0+kr, cols]   (float32)
 // (the first k-block writes); after the last one the expert's C tiles are rounded into y.
+// Float32 k-blocks name the block prepared next to the GEMM while the current one's calls run
+// (MoeTileGemmShape::streamed_b: the micro-kernel fetches it meanwhile).
 // Nothing is kept across experts or units. How many row and column blocks a unit spans changes
 // no output bit (each piece's C tile sums the same calls in the same order), so units narrow on
 // machines with many threads.
