@@ -206,8 +206,8 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
   if (t.b_in_place && s.weight_nk) g.ldb_kn = GroupedMatmulKNTileStride(t.base_n);
   // Float32 forward k-blocks: each B block a cold read of weights for an expert's few rows, the
   // next one known (MoeTileGemmShape::streamed_b). Every weight form alike, so that all run on
-  // the same kernel (the same bits): [K, N] rows packed as they multiply, [N, K] ones packed
-  // first, both fetched ahead.
+  // the same kernel (the same bits): [K, N] and [N, K] blocks both fetched ahead where read in
+  // place, then packed.
   g.streamed_b = s.op == GroupedMatmulOp::kForward && t.k_blocks > 1 && s.dtype == DType::kF32;
   return g;
 }

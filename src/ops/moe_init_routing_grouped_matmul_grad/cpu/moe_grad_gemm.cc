@@ -70,6 +70,7 @@ class MicroTileGemm final : public MoeTileGemm {
   bool packs_b() const override { return shape_.prepared_b; }
   bool prepares_b_from_kn() const override { return shape_.prepared_b && shape_.ldb_kn > 0; }
   bool takes_any_stride() const override { return true; }
+
   class MicroWorker final : public Worker {
    public:
     MicroWorker(const MicroTileGemm& gemm, void* scratchpad)

@@ -88,7 +88,6 @@ bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu);
 // (docs/benchmarks.md, session 34). Not measured elsewhere: other CPUs keep brgemm.
 bool MoeOwnStreamedF32OutrunsBrgemm(const CpuIdentity& cpu);
 
-
 // CPUs where oneDNN 2.6 runs GroupedMatmul's float32 forward tiles faster reading [K, N] weight
 // rows in place (gemm:jit, which packs them inside its loops, as it computes) than on brgemm
 // after a separate pass packs each block: AMD family 0x19 (Zen 4: plain / dense S2 85-89 ->
