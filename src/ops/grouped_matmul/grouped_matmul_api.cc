@@ -240,6 +240,8 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
       const int64_t pieces = (q1 - q0 + p.base_m - 1) / p.base_m;
       // Piece j: rows [q0 + j base_m, ...), its A k-block at row j base_m of the A tile.
       const auto piece_rows = [&](int64_t j) { return std::min(p.base_m, q1 - q0 - j * p.base_m); };
+      int64_t gemm_rows = 0;  // of each column block's calls
+      for (int64_t j = 0; j < pieces; ++j) gemm_rows += PaddedRows(piece_rows(j));
       for (int64_t kb = 0; kb < p.k_blocks; ++kb) {
         const int64_t k0 = kb * p.base_k;
         const int64_t kr = kb == p.k_blocks - 1 ? p.last_k : p.base_k;
@@ -257,10 +259,8 @@ class GroupedMatmulExecutor final : public GroupedMatmulExecutorBase {
           if (p.b_from_kn || !(p.b_copied || p.b_kn_tile)) {  // the next block, fetched meanwhile
             const bool last_col = nb + 1 == nb1;
             if (!last_col || kb + 1 < p.k_blocks) {
-              int64_t rows = 0;
-              for (int64_t j = 0; j < pieces; ++j) rows += PaddedRows(piece_rows(j));
               PrefetchWeights(g, last_col ? nb0 : nb + 1, last_col ? kb + 1 : kb,
-                              rows * BlockCols(nb) * kr, slots);
+                              gemm_rows * BlockCols(nb) * kr, slots);
             }
           }
           for (int64_t j = 0; j < pieces; ++j) {

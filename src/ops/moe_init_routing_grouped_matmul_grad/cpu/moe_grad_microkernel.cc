@@ -209,6 +209,26 @@ HWY_NOINLINE void MicroPackB(DType gemm_dtype, int64_t width, int64_t reduce, co
   }
 }
 
+// pf's next line asked for, the cursor advanced; false (nothing asked) once past its rows.
+HWY_INLINE bool AskNextLine(MoeMicroPrefetch* pf) {
+  constexpr int64_t kLine = 64;
+  if (pf->row >= pf->rows) return false;
+  hwy::Prefetch(pf->base + pf->row * pf->stride + pf->byte);
+  pf->byte += kLine;
+  if (pf->byte >= pf->row_bytes) pf->byte = 0, ++pf->row;
+  return true;
+}
+
+// The next per_block lines of pf (none without it), asked for before a register block runs,
+// where the kernel's loop has no register left for them (12 rows' pointers of any stride: a
+// prefetch stream inside that loop spilled a B vector to the stack, S3 65-73% of dense against
+// 78-83 on oneDNN; session 34). Blocks of A rows 256 floats apart (kMoeMicroReduceBlock: the
+// forward's dense k-blocks) ask for them inside the loop instead (MicroTile's kLda).
+HWY_INLINE void PrefetchNext(MoeMicroPrefetch* pf) {
+  for (int64_t n = 0; pf != nullptr && n < pf->per_block && AskNextLine(pf); ++n) {
+  }
+}
+
 // C[MR, NR] (+)= A[MR, kc] (row stride lda) * panel[kc, NR]: MR x 2 accumulator vectors, one
 // fused multiply-add chain per element over k ascending.
 // With `stream`, C's rows go out by non-temporal stores (each row's NR values whole lines of an
@@ -225,9 +245,7 @@ HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   const int64_t nr = 2 * lanes;
   V lo[MR], hi[MR];
-  const float* row[MR];
   for (int r = 0; r < MR; ++r) {
-    row[r] = a + r * lda;
     lo[r] = load_c ? hn::LoadU(df, c + r * ldc) : hn::Zero(df);
     hi[r] = load_c ? hn::LoadU(df, c + r * ldc + lanes) : hn::Zero(df);
   }
@@ -242,25 +260,16 @@ HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda
       }
     };
     int64_t k = 0;
-    if (pf != nullptr && pf->row < pf->rows && pf->per_block > 0) {
-      constexpr int64_t kLine = 64;
+    if (pf != nullptr && pf->per_block > 0) {
       const int64_t every = std::max<int64_t>(1, kc / pf->per_block);
-      const char* line = pf->base + pf->row * pf->stride + pf->byte;
-      int64_t left = pf->row_bytes - pf->byte;  // of the row
-      for (int64_t n = pf->per_block; n > 0 && pf->row < pf->rows; --n) {
-        hwy::Prefetch(line);
-        line += kLine;
-        left -= kLine;
-        if (left <= 0) {
-          line = pf->base + ++pf->row * pf->stride;
-          left = pf->row_bytes;
-        }
+      for (int64_t n = 0; n < pf->per_block && AskNextLine(pf); ++n) {
         for (const int64_t k1 = std::min(kc, k + every); k < k1; ++k) step(k);
       }
-      pf->byte = pf->row_bytes - left;
     }
     for (; k < kc; ++k) step(k);
   } else {
+    const float* row[MR];
+    for (int r = 0; r < MR; ++r) row[r] = a + r * lda;
     for (int64_t k = 0; k < kc; ++k) {
       const V b0 = hn::LoadU(df, panel + k * nr);
       const V b1 = hn::LoadU(df, panel + k * nr + lanes);
@@ -281,21 +290,6 @@ HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda
   for (int r = 0; r < MR; ++r) {
     hn::StoreU(lo[r], df, c + r * ldc);
     hn::StoreU(hi[r], df, c + r * ldc + lanes);
-  }
-}
-
-// The next per_block lines of pf (none without it), asked for before a register block runs,
-// where the kernel's loop has no register left for them (12 rows' pointers of any stride: a
-// prefetch stream inside that loop spilled a B vector to the stack, S3 65-73% of dense against
-// 78-83 on oneDNN; session 34). Blocks of A rows 256 floats apart (kMoeMicroReduceBlock: the
-// forward's dense k-blocks) ask for them inside the loop instead (MicroTile's kLda).
-HWY_INLINE void PrefetchNext(MoeMicroPrefetch* pf) {
-  if (pf == nullptr) return;
-  constexpr int64_t kLine = 64;
-  for (int64_t n = 0; n < pf->per_block && pf->row < pf->rows; ++n) {
-    hwy::Prefetch(pf->base + pf->row * pf->stride + pf->byte);
-    pf->byte += kLine;
-    if (pf->byte >= pf->row_bytes) pf->byte = 0, ++pf->row;
   }
 }
 
