@@ -91,6 +91,15 @@ CpuIdentity CpuIdentityFromSignature(uint32_t eax) {
   return id;
 }
 
+bool CpuHasAvx512Bf16() {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+
 CpuIdentity DetectCpuIdentity() {
   static const CpuIdentity identity = [] {
     CpuIdentity id;

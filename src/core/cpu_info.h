@@ -31,6 +31,9 @@ struct CpuIdentity {
   bool amx_bf16 = false;
 };
 CpuIdentity DetectCpuIdentity();
+// Whether the CPU has AVX512-BF16 (vcvtne2ps2bf16, vdpbf16ps) and the OS saves AVX-512 state:
+// read once per process. False off x86.
+bool CpuHasAvx512Bf16();
 // Family and model from cpuid leaf 1's EAX: the extended family is added only when the base
 // family is 0xF, the extended model prepended only for base families 6 and 0xF (both vendors'
 // rule). Vendor left empty.

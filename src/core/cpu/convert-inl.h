@@ -25,6 +25,8 @@
 #define GRADKIT_CORE_CPU_CONVERT_INL_H_ONCE
 #include <atomic>
 
+#include "core/cpu_info.h"
+
 namespace gk {
 // Highway 1.0's AVX3 targets are not compiled for AVX512-BF16, so there vcvtne2ps2bf16 is
 // reached by inline assembly, and only where the CPU has it (checked once per kernel call).
@@ -32,14 +34,6 @@ namespace gk {
 inline std::atomic<bool>& NativeBf16Allowed() {
   static std::atomic<bool> allowed{true};
   return allowed;
-}
-inline bool CpuHasAvx512Bf16() {
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-  static const bool has = __builtin_cpu_supports("avx512bf16");
-  return has;
-#else
-  return false;
-#endif
 }
 }  // namespace gk
 #endif  // GRADKIT_CORE_CPU_CONVERT_INL_H_ONCE

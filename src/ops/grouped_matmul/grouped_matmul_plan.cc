@@ -7,6 +7,8 @@
 #include "core/executor.h"
 #include "core/plan_math.h"
 #include "core/thread_pool.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 
 namespace gk {
@@ -64,6 +66,15 @@ int64_t ReduceGranule(DType gemm_dtype) {
   return Bf16OnAmx(gemm_dtype) ? kGroupedMatmulBf16ReduceGranule : kGroupedMatmulRowGranule;
 }
 
+// bfloat16 forward tiles that auto runs on the own dot-product kernel (MoeOwnStreamedBf16OnDot:
+// the k-blocks below, off AMX). Their column blocks are whole panels of 32 where N allows: S1's
+// N = 1408 in blocks of 176 left half a panel to a zero-padded tile (1/12 of the arithmetic
+// wasted), in blocks of 128 none (session 35).
+bool BF16ForwardOnDot(const GroupedMatmulShape& s) {
+  return s.op == GroupedMatmulOp::kForward && s.dtype == DType::kBF16 && !Bf16OnAmx(DType::kBF16) &&
+         s.k > kGroupedMatmulBf16StreamBaseK && MoeOwnStreamedBf16OnDot(DetectCpuIdentity());
+}
+
 Tiles ChooseTiles(const GroupedMatmulShape& s) {
   Tiles t{};
   t.gemm_dtype = s.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
@@ -91,7 +102,9 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
     }
     return int64_t{0};
   };
-  const int64_t panel = t.gemm_dtype == DType::kF32 ? MoeMicroPanelWidth() : 16;
+  const int64_t panel = t.gemm_dtype == DType::kF32 ? MoeMicroPanelWidth()
+                        : BF16ForwardOnDot(s)              ? kMoeBf16DotPanel
+                                                           : 16;
   int64_t width = widest_dividing(panel);
   if (width == 0 && panel != 16) width = widest_dividing(16);
   if (width > 0) t.base_n = width;
@@ -204,11 +217,11 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
   // B tile's [K, N] rows (b_kn_tile), both on gemm:jit.
   g.b_in_place = t.b_in_place;
   if (t.b_in_place && s.weight_nk) g.ldb_kn = GroupedMatmulKNTileStride(t.base_n);
-  // Float32 forward k-blocks: each B block a cold read of weights for an expert's few rows, the
-  // next one known (MoeTileGemmShape::streamed_b). Every weight form alike, so that all run on
-  // the same kernel (the same bits): [K, N] and [N, K] blocks both fetched ahead where read in
-  // place, then packed.
-  g.streamed_b = s.op == GroupedMatmulOp::kForward && t.k_blocks > 1 && s.dtype == DType::kF32;
+  // Float32 and bfloat16 forward k-blocks: each B block a cold read of weights for an expert's
+  // few rows, the next one known (MoeTileGemmShape::streamed_b). Every weight form alike, so that
+  // all run on the same kernel (the same bits): [K, N] and [N, K] blocks both fetched ahead where
+  // read in place, then packed. (float16 weights go through the B tile, converted.)
+  g.streamed_b = s.op == GroupedMatmulOp::kForward && t.k_blocks > 1 && s.dtype != DType::kF16;
   return g;
 }
 

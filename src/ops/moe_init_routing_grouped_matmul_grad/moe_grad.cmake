@@ -9,6 +9,7 @@ target_sources(gradkit PRIVATE
   ${_moe_dir}/moe_grad_api.cc
   ${_moe_dir}/cpu/moe_grad_kernels.cc
   ${_moe_dir}/cpu/moe_grad_microkernel.cc
+  ${_moe_dir}/cpu/moe_grad_bf16dot.cc
   ${_moe_dir}/cpu/moe_grad_gemm.cc
 )
 

@@ -156,32 +156,44 @@ TEST(grouped_matmul_plan, BPackedOnceByGradkitsPackerOnOneDnn2) {
   if (cases == 0) GTEST_SKIP() << "this CPU has no brgemm kernel for float32 or bfloat16 (AVX-512)";
 }
 
-// auto: the forward on oneDNN wherever it runs brgemm, but its float32 k-blocks (streamed
-// weights) on the micro-kernel where that CPU rule says so; the weight gradient's float32 tiles
-// on the micro-kernel where the CPU rule says they run faster (the fused op's rule), bfloat16 on
-// oneDNN. (700 rows over 5 experts, K 300: one piece an expert, so k-blocks of 256 and 44 where
-// the CPU does not read N < 256 columns in place.)
+// auto: the forward on oneDNN wherever it runs brgemm, but its k-blocks (streamed weights) on
+// the own kernels where the CPU rules say so (float32: MoeOwnStreamedOutrunsBrgemm; bfloat16 on the
+// dot-product kernel: MoeOwnStreamedBf16OnDot); the weight gradient's float32 tiles on the
+// micro-kernel where the CPU rule says they run faster (the fused op's rule), bfloat16 on
+// oneDNN. (700 rows over 5 experts: one piece an expert; K 300: k-blocks of 256 and 44 for
+// float32 where the CPU does not read N < 256 columns in place; K 1500: bfloat16 k-blocks of
+// 1024 and 476 off AMX.)
 TEST(grouped_matmul_plan, AutoTakesOneDnnWhereItHasBrgemm) {
   if (MoeTileGemmChoiceFromEnv() != MoeTileGemmChoice::kAuto) GTEST_SKIP() << "GRADKIT_GEMM set";
   const bool own_f32 = MoeOwnF32TilesOutrunBrgemm(DetectCpuIdentity());
-  const bool own_streamed = MoeOwnStreamedF32OutrunsBrgemm(DetectCpuIdentity());
+  const bool own_streamed = MoeOwnStreamedOutrunsBrgemm(DetectCpuIdentity());
+  const bool own_streamed_bf16 = MoeOwnStreamedBf16OnDot(DetectCpuIdentity());
   for (GroupedMatmulOp op : {GroupedMatmulOp::kForward, GroupedMatmulOp::kWeightGrad}) {
     for (DType dtype : {DType::kF32, DType::kBF16}) {
-      const bool streamed = GroupedMatmulTileGemmShape(Shape(op, 700, 300, 200, 5, dtype)).streamed_b;
-      const bool own = dtype == DType::kF32 &&
-                       ((op == GroupedMatmulOp::kWeightGrad && own_f32) || (streamed && own_streamed));
-      const bool onednn = MoeGemmHasOneDnn() && gk::testing::CpuHasBrgemmFor(dtype) && !own;
-      EXPECT_EQ(DetectGroupedMatmulMachine(Shape(op, 700, 300, 200, 5, dtype)).gemm_backend,
-                onednn ? "onednn" : "gradkit")
-          << (op == GroupedMatmulOp::kForward ? "forward " : "weight grad ") << DTypeName(dtype);
+      for (int64_t k : {int64_t{300}, int64_t{1500}}) {
+        const GroupedMatmulShape shape = Shape(op, 700, k, 200, 5, dtype);
+        const bool streamed = GroupedMatmulTileGemmShape(shape).streamed_b;
+        const bool own = dtype == DType::kF32
+                             ? (op == GroupedMatmulOp::kWeightGrad && own_f32) || (streamed && own_streamed)
+                             : streamed && own_streamed_bf16;
+        const bool onednn = MoeGemmHasOneDnn() && gk::testing::CpuHasBrgemmFor(dtype) && !own;
+        const GroupedMatmulMachine machine = DetectGroupedMatmulMachine(shape);
+        SCOPED_TRACE(::testing::Message() << (op == GroupedMatmulOp::kForward ? "forward " : "weight grad ")
+                                          << DTypeName(dtype) << " K " << k);
+        EXPECT_EQ(machine.gemm_backend, onednn ? "onednn" : "gradkit");
+        if (dtype == DType::kBF16 && own) {
+          EXPECT_NE(machine.gemm_impls.front().second.find("dot-product"), std::string::npos)
+              << machine.gemm_impls.front().second;
+        }
+      }
     }
   }
 }
 
-// The forward's float32 k-blocks name each next weight block to the GEMM (streamed_b), whatever
-// the weight form (all forms run one kernel); not without k-blocks, not bfloat16 or float16
-// (whose B goes through the B tile), not the weight grad.
-TEST(grouped_matmul_plan, StreamedWeightsAreFloat32ForwardKBlocks) {
+// The forward's float32 and bfloat16 k-blocks name each next weight block to the GEMM
+// (streamed_b), whatever the weight form (all forms run one kernel); not without k-blocks, not
+// float16 (whose B goes through the B tile, converted), not the weight grad.
+TEST(grouped_matmul_plan, StreamedWeightsAreForwardKBlocksOfFloat32AndBfloat16) {
   for (GroupedMatmulOp op : {GroupedMatmulOp::kForward, GroupedMatmulOp::kWeightGrad}) {
     for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
       for (bool weight_nk : {false, true}) {
@@ -190,7 +202,7 @@ TEST(grouped_matmul_plan, StreamedWeightsAreFloat32ForwardKBlocks) {
           s.weight_nk = weight_nk && op == GroupedMatmulOp::kForward;
           const bool k_blocks = MakeGroupedMatmulPlan(s, Machine(2)).k_blocks > 1;
           EXPECT_EQ(GroupedMatmulTileGemmShape(s).streamed_b,
-                    op == GroupedMatmulOp::kForward && dtype == DType::kF32 && k_blocks)
+                    op == GroupedMatmulOp::kForward && dtype != DType::kF16 && k_blocks)
               << DTypeName(dtype) << " K " << k << " weight_nk " << weight_nk;
         }
       }
@@ -364,14 +376,16 @@ TEST(grouped_matmul_plan, ColumnBlocksDivideN) {
     const auto p = MakeGroupedMatmulPlan(Shape(op, 4096, 2048, 1408, 8), Machine(2));
     const int64_t panel = MoeMicroPanelWidth();
     // float32 in whole micro-kernel panels where N allows: 11 x 128 rather than 8 x 176 on
-    // AVX-512 (panels of 32); 176 is 11 panels of 16 on AVX2. bfloat16: multiples of 16.
+    // AVX-512 (panels of 32); 176 is 11 panels of 16 on AVX2. bfloat16: multiples of 16, but its
+    // forward k-blocks (K 2048 off AMX) in panels of 32 where they run on the dot-product kernel.
     const int64_t width = 176 % panel != 0 ? 128 : 176;
     EXPECT_EQ(p.base_n, width);
     EXPECT_EQ(p.col_blocks, 1408 / width);
     EXPECT_EQ(p.last_block_cols, width);
     EXPECT_EQ(p.base_n % panel, 0);
     if (op == GroupedMatmulOp::kForward) {
-      EXPECT_EQ(MakeGroupedMatmulPlan(Shape(op, 4096, 2048, 1408, 8, DType::kBF16), Machine(2)).base_n, 176);
+      EXPECT_EQ(MakeGroupedMatmulPlan(Shape(op, 4096, 2048, 1408, 8, DType::kBF16), Machine(2)).base_n,
+                MoeOwnStreamedBf16OnDot(DetectCpuIdentity()) ? 128 : 176);
     }
     EXPECT_EQ(MakeGroupedMatmulPlan(Shape(op, 4096, 2048, 768, 8), Machine(2)).base_n, 256);
     EXPECT_EQ(MakeGroupedMatmulPlan(Shape(op, 4096, 2048, 100, 8), Machine(2)).base_n, 100);

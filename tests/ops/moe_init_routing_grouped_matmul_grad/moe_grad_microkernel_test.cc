@@ -20,6 +20,7 @@
 #include "core/cpu_info.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_plan.h"
@@ -220,7 +221,9 @@ TEST_P(MoeMicroKernelTest, PrefetchChangesNoBit) {
             ASSERT_EQ(c_prefetched, c);
             const int64_t blocks = std::max<int64_t>(1, rows / MoeMicroRowBlock()) *
                                    ((width + nr - 1) / nr) * ((reduce + kb - 1) / kb);
-            if (blocks >= 22) EXPECT_EQ(prefetch.row, 16);  // 16 rows x 4 lines, 3 a block
+            if (blocks >= 22) {
+              EXPECT_EQ(prefetch.row, 16);  // 16 rows x 4 lines, 3 a block
+            }
             EXPECT_LE(prefetch.row, 16);
             EXPECT_GT(prefetch.row * 4 + prefetch.byte / 64, 0);
           }
@@ -379,12 +382,16 @@ TEST(moe_grad_gemm, OwnFloat32TilesOnZen4Only) {
 }
 
 // The CPUs whose streamed float32 forward runs on the micro-kernel: AMD family 0x1A (Zen 5), where
-// it was measured; not Zen 4, not Intel, not an unknown CPU.
-TEST(moe_grad_gemm, OwnStreamedFloat32OnZen5Only) {
-  EXPECT_TRUE(MoeOwnStreamedF32OutrunsBrgemm({"AuthenticAMD", 0x1A, 0x02}));
-  EXPECT_FALSE(MoeOwnStreamedF32OutrunsBrgemm({"AuthenticAMD", 0x19, 0x11}));
-  EXPECT_FALSE(MoeOwnStreamedF32OutrunsBrgemm({"GenuineIntel", 0x6, 0x8F}));
-  EXPECT_FALSE(MoeOwnStreamedF32OutrunsBrgemm({"", 0, 0}));
+// it was measured; not Zen 4, not Intel, not an unknown CPU. bfloat16 there too, where this CPU
+// has the dot-product kernel.
+TEST(moe_grad_gemm, OwnStreamedTilesOnZen5Only) {
+  EXPECT_TRUE(MoeOwnStreamedOutrunsBrgemm({"AuthenticAMD", 0x1A, 0x02}));
+  EXPECT_FALSE(MoeOwnStreamedOutrunsBrgemm({"AuthenticAMD", 0x19, 0x11}));
+  EXPECT_FALSE(MoeOwnStreamedOutrunsBrgemm({"GenuineIntel", 0x6, 0x8F}));
+  EXPECT_FALSE(MoeOwnStreamedOutrunsBrgemm({"", 0, 0}));
+  EXPECT_EQ(MoeOwnStreamedBf16OnDot({"AuthenticAMD", 0x1A, 0x02}), MoeBf16DotAvailable());
+  EXPECT_FALSE(MoeOwnStreamedBf16OnDot({"AuthenticAMD", 0x19, 0x11}));
+  EXPECT_FALSE(MoeOwnStreamedBf16OnDot({"GenuineIntel", 0x6, 0x8F}));
 }
 
 // The CPUs whose float32 forward reads [K, N] weights in place: AMD families 0x19 (Zen 4) and

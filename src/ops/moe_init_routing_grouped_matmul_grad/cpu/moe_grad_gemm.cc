@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/plan_math.h"
 #include "core/thread_pool.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_kernels.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 
@@ -44,19 +45,27 @@ namespace {
 // per caller's B with shape.prepared_b, else on every call.
 class MicroTileGemm final : public MoeTileGemm {
  public:
-  explicit MicroTileGemm(const MoeTileGemmShape& shape) : shape_(shape) {
+  explicit MicroTileGemm(const MoeTileGemmShape& shape)
+      : shape_(shape),
+        dot_(shape.gemm_dtype == DType::kBF16 && shape.streamed_b && MoeBf16DotAvailable()) {
     uint64_t packed = 0;
     for (const int64_t width : shape.widths) {
       for (const auto& step : shape.steps) {
-        packed = std::max(packed, MoeMicroPackedBytes(width, step.reduce));
+        packed = std::max(packed, dot_ ? MoeBf16DotPackedBytes(width, step.reduce)
+                                       : MoeMicroPackedBytes(width, step.reduce));
       }
     }
     packed_bytes_ = static_cast<uint64_t>(RoundUp(static_cast<int64_t>(packed), 64));
-    a_bytes_ = static_cast<uint64_t>(
-        RoundUp(static_cast<int64_t>(MoeMicroAScratchBytes(shape.gemm_dtype, shape.max_rows)), 64));
+    a_bytes_ = dot_ ? 0
+                    : static_cast<uint64_t>(RoundUp(
+                          static_cast<int64_t>(MoeMicroAScratchBytes(shape.gemm_dtype, shape.max_rows)), 64));
   }
   std::string name() const override { return "gradkit"; }
   std::string impl(int64_t) const override {
+    if (dot_) {
+      return fmt::format("bfloat16 dot-product microkernel {}x{} (AVX512-BF16), B packed once per "
+                         "block, the next block fetched meanwhile", 12, kMoeBf16DotPanel);
+    }
     if (shape_.streamed_b) {
       return fmt::format("microkernel {}x{}, B packed once per block, the next block fetched "
                          "meanwhile", MoeMicroRowBlock(), MoeMicroPanelWidth());
@@ -90,7 +99,11 @@ class MicroTileGemm final : public MoeTileGemm {
     const void* PrepareBStrided(int64_t width, int64_t reduce, const void* b, int64_t ldb,
                                 bool kn) override {
       prefetch_ = MoeMicroPrefetch{};
-      MoeMicroPackB(gemm_.shape_.gemm_dtype, width, reduce, b, ldb, kn, packed_);
+      if (gemm_.dot_) {
+        MoeBf16DotPackB(width, reduce, b, ldb, kn, packed_);
+      } else {
+        MoeMicroPackB(gemm_.shape_.gemm_dtype, width, reduce, b, ldb, kn, packed_);
+      }
       return packed_;
     }
     void PrefetchDuringRuns(const void* base, int64_t rows, int64_t row_bytes, int64_t stride,
@@ -105,15 +118,16 @@ class MicroTileGemm final : public MoeTileGemm {
     void Run(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
              const void* b, float* c) override {
       const MoeTileGemmShape& shape = gemm_.shape_;
-      if (!shape.prepared_b) {
-        MoeMicroPackB(shape.gemm_dtype, width, reduce, b, shape.LdbOf(reduce), false, packed_);
-        b = packed_;
-      }
+      if (!shape.prepared_b) b = PrepareBStrided(width, reduce, b, shape.LdbOf(reduce), /*kn=*/false);
       RunStrided(rows, width, reduce, accumulate, a, shape.LdaOf(reduce), b, c);
     }
     // b: packed (by PrepareB, PrepareBStrided or Run).
     void RunStrided(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
                     int64_t lda, const void* b, float* c) override {
+      if (gemm_.dot_) {
+        MoeBf16DotGemm(rows, width, reduce, a, lda, b, c, gemm_.shape_.ldc, accumulate, &prefetch_);
+        return;
+      }
       MoeMicroGemm(gemm_.shape_.gemm_dtype, rows, width, reduce, a, lda,
                    static_cast<const float*>(b), c, gemm_.shape_.ldc, accumulate, a_scratch_,
                    final_c_, &prefetch_);
@@ -133,6 +147,8 @@ class MicroTileGemm final : public MoeTileGemm {
 
  private:
   MoeTileGemmShape shape_;
+  // bfloat16 on the dot-product kernel (moe_grad_bf16dot.h): streamed B where the CPU has it.
+  bool dot_;
   uint64_t packed_bytes_ = 0, a_bytes_ = 0;
 };
 
@@ -775,8 +791,12 @@ bool IsAmdFamily19(const CpuIdentity& cpu) { return cpu.vendor == "AuthenticAMD"
 
 bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu) { return IsAmdFamily19(cpu); }
 
-bool MoeOwnStreamedF32OutrunsBrgemm(const CpuIdentity& cpu) {
+bool MoeOwnStreamedOutrunsBrgemm(const CpuIdentity& cpu) {
   return cpu.vendor == "AuthenticAMD" && cpu.family == 0x1A;
+}
+
+bool MoeOwnStreamedBf16OnDot(const CpuIdentity& cpu) {
+  return MoeOwnStreamedOutrunsBrgemm(cpu) && MoeBf16DotAvailable();
 }
 
 bool MoeF32InPlaceKNOutrunsPackedBrgemm(const CpuIdentity& cpu) {
@@ -787,9 +807,10 @@ std::unique_ptr<MoeTileGemm> MoeTileGemm::Create(const MoeTileGemmShape& shape) 
   const MoeTileGemmChoice choice = MoeTileGemmChoiceFromEnv();
 #if defined(GRADKIT_HAVE_DNNL)
   const CpuIdentity cpu = DetectCpuIdentity();
-  const bool own_faster = shape.gemm_dtype == DType::kF32 &&
-                          ((shape.own_f32_where_faster && MoeOwnF32TilesOutrunBrgemm(cpu)) ||
-                           (shape.streamed_b && MoeOwnStreamedF32OutrunsBrgemm(cpu)));
+  const bool own_faster =
+      (shape.gemm_dtype == DType::kF32 && shape.own_f32_where_faster && MoeOwnF32TilesOutrunBrgemm(cpu)) ||
+      (shape.streamed_b && (shape.gemm_dtype == DType::kF32 ? MoeOwnStreamedOutrunsBrgemm(cpu)
+                                                            : MoeOwnStreamedBf16OnDot(cpu)));
   if (choice == MoeTileGemmChoice::kOneDnn ||
       (choice == MoeTileGemmChoice::kAuto && !own_faster && OneDnnRunsBrgemm(shape))) {
     try {

@@ -67,9 +67,11 @@ struct MoeTileGemmShape {
   // x rows and B packed once per expert block run faster on oneDNN at S1/S4, docs/benchmarks.md).
   bool own_f32_where_faster = false;
   // The caller's Bs are cold weights, each prepared for few rows and followed by the next, which
-  // it names by Worker::PrefetchDuringRuns (GroupedMatmul's float32 forward in k-blocks): the own
-  // kernel fetches that one while it multiplies (oneDNN's kernels take no such hint); auto takes
-  // the own kernel on CPUs of MoeOwnStreamedF32OutrunsBrgemm.
+  // it names by Worker::PrefetchDuringRuns (GroupedMatmul's float32 and bfloat16 forward in
+  // k-blocks): the own kernel fetches that one while it multiplies (oneDNN's kernels take no such
+  // hint), bfloat16 on its dot-product kernel where the CPU has one (moe_grad_bf16dot.h); auto
+  // takes the own kernel on CPUs of MoeOwnStreamedOutrunsBrgemm (float32) and
+  // MoeOwnStreamedBf16OnDot (bfloat16).
   bool streamed_b = false;
 };
 
@@ -86,7 +88,16 @@ bool MoeOwnF32TilesOutrunBrgemm(const CpuIdentity& cpu);
 // three rounds, percent of dense, oneDNN 75, 84, 79 / own kernel without the fetch 81, 85, 88 /
 // with it 86, 87, 90; a one-process harness, six interleaved rounds, mean GFLOP/s 265 / 272 / 286
 // (docs/benchmarks.md, session 34). Not measured elsewhere: other CPUs keep brgemm.
-bool MoeOwnStreamedF32OutrunsBrgemm(const CpuIdentity& cpu);
+bool MoeOwnStreamedOutrunsBrgemm(const CpuIdentity& cpu);
+
+// The same for bfloat16: CPUs of MoeOwnStreamedOutrunsBrgemm where the own kernel runs bfloat16
+// tiles on vdpbf16ps (MoeBf16DotAvailable, moe_grad_bf16dot.h; without it the own kernel widens
+// bfloat16 to float32 and runs at float32's rate, half of brgemm's). GroupedMatmul bfloat16, 2
+// threads, Zen 5 (session 35): a one-process harness, five interleaved rounds of two runs, median
+// GFLOP/s oneDNN / dot kernel: S1 689 / 693, S2 614 / 606, S3 563 / 582, S3 [G, N, K] 573 / 618;
+// `gradkit bench`, two rounds in turn, plain GFLOP/s: S1 677, 659 / 685, 675; S2 636, 607 / 642,
+// 634; S3 585, 580 / 595, 574; S4 676, 693 / 687, 702 (docs/benchmarks.md).
+bool MoeOwnStreamedBf16OnDot(const CpuIdentity& cpu);
 
 // CPUs where oneDNN 2.6 runs GroupedMatmul's float32 forward tiles faster reading [K, N] weight
 // rows in place (gemm:jit, which packs them inside its loops, as it computes) than on brgemm
@@ -107,9 +118,11 @@ class MoeTileGemm {
   virtual ~MoeTileGemm() = default;
   // By MoeTileGemmChoiceFromEnv: auto (the default) takes oneDNN where it is built in and runs
   // the shape on its brgemm kernels (AVX-512), unless own_f32_where_faster holds on this CPU for
-  // float32 tiles (MoeOwnF32TilesOutrunBrgemm), else gradkit's micro-kernel
-  // (moe_grad_microkernel.h: AVX2, and every dtype oneDNN has no GEMM for); onednn takes oneDNN
-  // wherever it accepts every call of the shape; gradkit always the micro-kernel. oneDNN's kernels
+  // float32 tiles (MoeOwnF32TilesOutrunBrgemm) or streamed_b for its tiles
+  // (MoeOwnStreamedOutrunsBrgemm, MoeOwnStreamedBf16OnDot), else gradkit's micro-kernel
+  // (moe_grad_microkernel.h: AVX2, and every dtype oneDNN has no GEMM for; streamed bfloat16 on
+  // moe_grad_bf16dot.h's kernel where the CPU has it); onednn takes oneDNN wherever it accepts
+  // every call of the shape; gradkit always the own kernels. oneDNN's kernels
   // are all generated here (phase 1), for one thread: the library sizes its scratchpad and
   // blocking for the single thread each call runs on. Throws ConfigError (core/error.h) for a
   // bad GRADKIT_GEMM.

@@ -209,23 +209,13 @@ HWY_NOINLINE void MicroPackB(DType gemm_dtype, int64_t width, int64_t reduce, co
   }
 }
 
-// pf's next line asked for, the cursor advanced; false (nothing asked) once past its rows.
-HWY_INLINE bool AskNextLine(MoeMicroPrefetch* pf) {
-  constexpr int64_t kLine = 64;
-  if (pf->row >= pf->rows) return false;
-  hwy::Prefetch(pf->base + pf->row * pf->stride + pf->byte);
-  pf->byte += kLine;
-  if (pf->byte >= pf->row_bytes) pf->byte = 0, ++pf->row;
-  return true;
-}
-
 // The next per_block lines of pf (none without it), asked for before a register block runs,
 // where the kernel's loop has no register left for them (12 rows' pointers of any stride: a
 // prefetch stream inside that loop spilled a B vector to the stack, S3 65-73% of dense against
 // 78-83 on oneDNN; session 34). Blocks of A rows 256 floats apart (kMoeMicroReduceBlock: the
 // forward's dense k-blocks) ask for them inside the loop instead (MicroTile's kLda).
 HWY_INLINE void PrefetchNext(MoeMicroPrefetch* pf) {
-  for (int64_t n = 0; pf != nullptr && n < pf->per_block && AskNextLine(pf); ++n) {
+  for (int64_t n = 0; pf != nullptr && n < pf->per_block && MoeMicroAskNextLine(pf); ++n) {
   }
 }
 
@@ -262,7 +252,7 @@ HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda
     int64_t k = 0;
     if (pf != nullptr && pf->per_block > 0) {
       const int64_t every = std::max<int64_t>(1, kc / pf->per_block);
-      for (int64_t n = 0; n < pf->per_block && AskNextLine(pf); ++n) {
+      for (int64_t n = 0; n < pf->per_block && MoeMicroAskNextLine(pf); ++n) {
         for (const int64_t k1 = std::min(kc, k + every); k < k1; ++k) step(k);
       }
     }
@@ -330,17 +320,6 @@ HWY_NOINLINE void MicroBlockNarrow(int64_t kc, const float* a, int64_t lda, cons
   for (int r = 0; r < MR; ++r) std::memcpy(c + r * ldc, tile + r * nr, cols * sizeof(float));
 }
 
-// Rows [r0, r1) of a matrix, elements [0, n) of each, one row block ahead of the kernel: A's
-// block on the first panel's pass (often from memory: the tile rows of gradY), and C's rows when
-// the kernel starts from them (GroupedMatmulWeightGrad's sums, often out of L2).
-HWY_INLINE void PrefetchRows(const float* a, int64_t lda, int64_t r0, int64_t r1, int64_t n) {
-  constexpr int64_t kLine = 64 / sizeof(float);
-  for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t k = 0; k < n; k += kLine) hwy::Prefetch(a + r * lda + k);
-    hwy::Prefetch(a + r * lda + n - 1);  // the last line, when the row starts mid-line
-  }
-}
-
 // Rows [0, rows) of a call (one chunk of MicroGemm's): the reduction in blocks of kc_base, each
 // block's panels in turn over every row block.
 HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce,
@@ -386,8 +365,8 @@ HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, i
       if (full > 0 && rest > 0 && rest < 4) --full;
       for (int64_t b = 0; b < full; ++b) {
         const int64_t r0 = b * block;
-        if (n0 == 0) PrefetchRows(a_block, a_ld, r0 + block, std::min(rows, r0 + 2 * block), kc);
-        if (load_c) PrefetchRows(c + n0, ldc, r0 + block, std::min(rows, r0 + 2 * block), cols);
+        if (n0 == 0) MoeMicroPrefetchRows(a_block, a_ld * 4, r0 + block, std::min(rows, r0 + 2 * block), kc * 4);
+        if (load_c) MoeMicroPrefetchRows(c + n0, ldc * 4, r0 + block, std::min(rows, r0 + 2 * block), cols * 4);
         const float* a_rows = a_block + r0 * a_ld;
         float* c_rows = c + r0 * ldc + n0;
         if (block == kMicroRows) {

@@ -1,7 +1,9 @@
 // gradkit's own tile GEMM: a register-blocked micro-kernel over a B packed once into column
 // panels, for the CPUs where oneDNN 2.6 has no brgemm kernel (AVX2: its float32 tiles run on
 // gemm:jit, which packs both operands on every call, and it has no bfloat16 GEMM at all).
-// SIMD target chosen at run time (Highway), ending in a scalar fallback.
+// SIMD target chosen at run time (Highway), ending in a scalar fallback. (Where the CPU has
+// AVX512-BF16, the tile GEMM runs streamed bfloat16 tiles on moe_grad_bf16dot.h's kernel instead,
+// which shares this one's blocking and prefetch stream.)
 //
 // Packed B: panels of PanelWidth() columns (two vectors of float32), each [reduce, PanelWidth()]
 // row-major, float32 whatever the GEMM dtype (bfloat16 widened exactly once, at packing), zero
@@ -56,6 +58,30 @@ struct MoeMicroPrefetch {
   int64_t per_block = 0;
   int64_t row = 0, byte = 0;
 };
+
+// pf's next line asked for (prefetcht0 on x86), the cursor advanced; false (nothing asked) once
+// past its rows.
+inline bool MoeMicroAskNextLine(MoeMicroPrefetch* pf) {
+  constexpr int64_t kLine = 64;
+  if (pf->row >= pf->rows) return false;
+  __builtin_prefetch(pf->base + pf->row * pf->stride + pf->byte, 0, 3);
+  pf->byte += kLine;
+  if (pf->byte >= pf->row_bytes) pf->byte = 0, ++pf->row;
+  return true;
+}
+
+// Rows [r0, r1) of a matrix (rows `stride` bytes apart from `base`), bytes [0, bytes) of each,
+// asked for one register block ahead of the kernel: A's block on the first panel's pass (often
+// from memory: the tile rows of gradY), and C's rows when the kernel starts from them
+// (GroupedMatmulWeightGrad's sums, the forward's k-block sums, often out of L2).
+inline void MoeMicroPrefetchRows(const void* base, int64_t stride, int64_t r0, int64_t r1, int64_t bytes) {
+  constexpr int64_t kLine = 64;
+  for (int64_t r = r0; r < r1; ++r) {
+    const char* row = static_cast<const char*>(base) + r * stride;
+    for (int64_t at = 0; at < bytes; at += kLine) __builtin_prefetch(row + at, 0, 3);
+    __builtin_prefetch(row + bytes - 1, 0, 3);  // the last line, when the row starts mid-line
+  }
+}
 
 // C[rows, width] (row stride ldc) (+)= A[rows, reduce] (row stride lda, gemm_dtype) * B, B packed
 // by MoeMicroPackB for the same width and reduce. a_scratch: MoeMicroAScratchBytes(rows) bytes.

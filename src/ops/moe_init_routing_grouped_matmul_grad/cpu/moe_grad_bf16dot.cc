@@ -1,0 +1,314 @@
+// gradkit's bfloat16 tile GEMM on vdpbf16ps (see moe_grad_bf16dot.h). Highway 1.0 has no
+// target with AVX512-BF16, so the kernel is written with the instruction's intrinsics, in
+// functions compiled for that extension alone, and called only where the CPU has it.
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "core/cpu_info.h"
+#include "core/plan_math.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// GCC 12's AVX-512 intrinsics start their results from _mm512_undefined_*(), a self-initialised
+// variable that -Wmaybe-uninitialized reports once the shuffles below are inlined.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#define GK_BF16DOT 1
+#define GK_BF16DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#endif
+
+namespace gk {
+namespace {
+
+constexpr int64_t kNr = kMoeBf16DotPanel;
+constexpr int64_t kPairBytes = kNr * 2 * 2;  // one pair of reduction elements of a panel
+// Reduction elements per block: a panel's block (128 pairs x 32 columns, 16 KiB) stays in L1
+// while every row block runs over it, as the float32 micro-kernel's kMoeMicroReduceBlock floats.
+constexpr int64_t kKc = kMoeMicroReduceBlock;
+// What a call's A block and C rows may take of L2 (as the float32 micro-kernel).
+constexpr int64_t kL2Bytes = 256 << 10;
+constexpr int kMicroRows = 12;
+// B^T's rows packed a band at a time into every panel, the next band's rows fetched meanwhile.
+constexpr int64_t kKnRows = 16;
+
+#if defined(GK_BF16DOT)
+// The lanes of a panel's first (second) 16 columns for a pair: elements j of row 2p and row
+// 2p + 1 side by side, picked from the 64 lanes of the two rows (row 2p's first).
+GK_BF16DOT_TARGET inline __m512i PairIndex(int half) {
+  alignas(64) uint16_t index[32];
+  for (int j = 0; j < 16; ++j) {
+    index[2 * j] = static_cast<uint16_t>(16 * half + j);
+    index[2 * j + 1] = static_cast<uint16_t>(32 + 16 * half + j);
+  }
+  return _mm512_load_si512(index);
+}
+
+// Panel columns [n0, n0 + cols) of pairs [p0, p1) from B^T's rows (b[k * ldb + n], k < reduce).
+GK_BF16DOT_TARGET void PackPanelFromKN(const uint16_t* b, int64_t ldb, int64_t reduce, int64_t n0,
+                                       int64_t cols, int64_t p0, int64_t p1, uint16_t* panel) {
+  const __mmask32 mask = cols >= 32 ? ~__mmask32{0} : (__mmask32{1} << cols) - 1;
+  const __m512i lo = PairIndex(0), hi = PairIndex(1);
+  for (int64_t p = p0; p < p1; ++p) {
+    const __m512i even = _mm512_maskz_loadu_epi16(mask, b + 2 * p * ldb + n0);
+    const __m512i odd = 2 * p + 1 < reduce ? _mm512_maskz_loadu_epi16(mask, b + (2 * p + 1) * ldb + n0)
+                                           : _mm512_setzero_si512();
+    _mm512_store_si512(panel + p * kNr * 2, _mm512_permutex2var_epi16(even, lo, odd));
+    _mm512_store_si512(panel + p * kNr * 2 + kNr, _mm512_permutex2var_epi16(even, hi, odd));
+  }
+}
+
+// A band of kKnRows rows into every panel in turn, the next band's rows fetched meanwhile. (Each
+// pair of rows into every panel, read from start to end, ran 1.5x faster alone on 128 KiB blocks
+// but 5% slower in GroupedMatmul S3, whose blocks were fetched during the GEMMs: session 35.)
+GK_BF16DOT_TARGET void PackFromKN(const uint16_t* b, int64_t ldb, int64_t width, int64_t reduce,
+                                  uint16_t* dst) {
+  const int64_t pairs = CeilDiv(reduce, int64_t{2});
+  for (int64_t k0 = 0; k0 < reduce; k0 += kKnRows) {
+    const int64_t k1 = std::min(reduce, k0 + kKnRows);
+    for (int64_t k = k1; k < std::min(reduce, k1 + kKnRows); ++k) {  // the next band, ahead
+      const auto* row = reinterpret_cast<const char*>(b + k * ldb);
+      for (int64_t at = 0; at < width * 2; at += 64) _mm_prefetch(row + at, _MM_HINT_T0);
+    }
+    for (int64_t n0 = 0; n0 < width; n0 += kNr) {
+      PackPanelFromKN(b, ldb, reduce, n0, std::min(kNr, width - n0), k0 / 2, CeilDiv(k1, int64_t{2}),
+                      dst + n0 * pairs * 2);
+    }
+  }
+}
+
+// The 16 x 16 32-bit words of r transposed in registers: r[i] word j -> r[j] word i.
+GK_BF16DOT_TARGET inline void Transpose16x16Words(__m512i (&r)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4 i + j], 128-bit lane L: rows 4i .. 4i + 3, word 4 L + j.
+  __m512i u[16];
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  // Word 4 L + j of every row: lane L of u[j], u[4 + j], u[8 + j], u[12 + j].
+  for (int j = 0; j < 4; ++j) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44);
+    const __m512i v1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
+    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xEE);
+    r[j] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    r[4 + j] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+    r[8 + j] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+  }
+}
+
+// B's rows (b[n * ldb + k]): a pair is one 32-bit word of a column's row, so 16 pairs of 16
+// columns are a 16 x 16 transpose of words (each row read 64 bytes at a time); an odd
+// reduction's last element alone.
+GK_BF16DOT_TARGET void PackFromRows(const uint16_t* b, int64_t ldb, int64_t width, int64_t reduce,
+                                    uint16_t* dst) {
+  const int64_t pairs = CeilDiv(reduce, int64_t{2});
+  const int64_t whole = reduce / 2;
+  for (int64_t n0 = 0; n0 < width; n0 += kNr) {
+    const int64_t cols = std::min(kNr, width - n0);
+    uint16_t* panel = dst + n0 * pairs * 2;
+    for (int64_t half = 0; half < 2; ++half) {
+      const int64_t in_half = std::clamp<int64_t>(cols - 16 * half, 0, 16);
+      for (int64_t p0 = 0; p0 < whole; p0 += 16) {
+        const int64_t count = std::min<int64_t>(16, whole - p0);
+        const __mmask16 words = static_cast<__mmask16>((uint32_t{1} << count) - 1);
+        __m512i r[16];
+        for (int64_t i = 0; i < 16; ++i) {
+          r[i] = i < in_half ? _mm512_maskz_loadu_epi32(words, b + (n0 + 16 * half + i) * ldb + 2 * p0)
+                             : _mm512_setzero_si512();
+        }
+        Transpose16x16Words(r);
+        for (int64_t c = 0; c < count; ++c) {
+          _mm512_store_si512(panel + (p0 + c) * kNr * 2 + 16 * half * 2, r[c]);
+        }
+      }
+    }
+    if (whole < pairs) {  // the last element, paired with a zero
+      uint16_t* last = panel + whole * kNr * 2;
+      std::memset(last, 0, kPairBytes);
+      for (int64_t n = 0; n < cols; ++n) last[2 * n] = b[(n0 + n) * ldb + reduce - 1];
+    }
+  }
+}
+
+// One pair of reduction elements of MR rows (each row's pair one 32-bit word of A, at a_pair +
+// r ld bytes) times a panel's pair.
+template <int MR>
+GK_BF16DOT_TARGET __attribute__((always_inline)) inline void DotStep(const char* a_pair, int64_t ld,
+                                                                    const uint16_t* panel_pair,
+                                                                    __m512 (&lo)[MR], __m512 (&hi)[MR]) {
+  const __m512bh b0 = (__m512bh)_mm512_load_si512(panel_pair);
+  const __m512bh b1 = (__m512bh)_mm512_load_si512(panel_pair + kNr);
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    int32_t word;
+    std::memcpy(&word, a_pair + r * ld, 4);
+    const __m512bh av = (__m512bh)_mm512_set1_epi32(word);
+    lo[r] = _mm512_dpbf16_ps(lo[r], av, b0);
+    hi[r] = _mm512_dpbf16_ps(hi[r], av, b1);
+  }
+}
+
+// C[MR, 32] (+)= A[MR, 2 pairs + odd] * panel, columns past `cols` neither read nor written.
+// The prefetch stream, where given, spread over the loop: one line every pairs / per_block steps.
+template <int MR>
+GK_BF16DOT_TARGET __attribute__((noinline)) void DotTile(int64_t pairs, bool odd, const uint16_t* a,
+                                                         int64_t lda, const uint16_t* panel, float* c,
+                                                         int64_t ldc, int64_t cols, bool load_c,
+                                                         MoeMicroPrefetch* pf) {
+  const __mmask16 m0 = static_cast<__mmask16>((uint32_t{1} << std::min<int64_t>(cols, 16)) - 1);
+  const __mmask16 m1 = static_cast<__mmask16>((uint32_t{1} << std::clamp<int64_t>(cols - 16, 0, 16)) - 1);
+  __m512 lo[MR], hi[MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    lo[r] = load_c ? _mm512_maskz_loadu_ps(m0, c + r * ldc) : _mm512_setzero_ps();
+    hi[r] = load_c ? _mm512_maskz_loadu_ps(m1, c + r * ldc + 16) : _mm512_setzero_ps();
+  }
+  const char* a_bytes = reinterpret_cast<const char*>(a);
+  const int64_t ld = lda * 2;
+  int64_t p = 0;
+  if (pf != nullptr && pf->per_block > 0) {
+    const int64_t every = std::max<int64_t>(1, pairs / pf->per_block);
+    for (int64_t n = 0; n < pf->per_block && MoeMicroAskNextLine(pf); ++n) {
+      for (const int64_t p1 = std::min(pairs, p + every); p < p1; ++p) {
+        DotStep<MR>(a_bytes + 4 * p, ld, panel + p * kNr * 2, lo, hi);
+      }
+    }
+  }
+  for (; p < pairs; ++p) DotStep<MR>(a_bytes + 4 * p, ld, panel + p * kNr * 2, lo, hi);
+  if (odd) {  // the last element alone: its pair's second element (and the panel's) zero
+    const __m512bh b0 = (__m512bh)_mm512_load_si512(panel + pairs * kNr * 2);
+    const __m512bh b1 = (__m512bh)_mm512_load_si512(panel + pairs * kNr * 2 + kNr);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      uint16_t value;
+      std::memcpy(&value, a_bytes + r * ld + 4 * pairs, 2);
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(value);
+      lo[r] = _mm512_dpbf16_ps(lo[r], av, b0);
+      hi[r] = _mm512_dpbf16_ps(hi[r], av, b1);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    _mm512_mask_storeu_ps(c + r * ldc, m0, lo[r]);
+    _mm512_mask_storeu_ps(c + r * ldc + 16, m1, hi[r]);
+  }
+}
+
+template <int MR>
+GK_BF16DOT_TARGET void DotBlockUpTo(int64_t mr, int64_t pairs, bool odd, const uint16_t* a,
+                                   int64_t lda, const uint16_t* panel, float* c, int64_t ldc,
+                                   int64_t cols, bool load_c, MoeMicroPrefetch* pf) {
+  if constexpr (MR > 1) {
+    if (mr < MR) {
+      DotBlockUpTo<MR - 1>(mr, pairs, odd, a, lda, panel, c, ldc, cols, load_c, pf);
+      return;
+    }
+  }
+  DotTile<MR>(pairs, odd, a, lda, panel, c, ldc, cols, load_c, pf);
+}
+
+// Register blocks of a call's rows: kMicroRows, then the rest in one block of 6 to 11 rows, or,
+// a rest under 6 joined by the last full block, two of 6 to 9: the instruction's latency wants
+// 12 accumulators in flight (6 rows), and a block of 4 rows took as long as one of 8.
+int64_t FullDotBlocks(int64_t rows) {
+  const int64_t full = rows / kMicroRows, rest = rows % kMicroRows;
+  return full > 0 && rest > 0 && rest < 6 ? full - 1 : full;
+}
+int64_t DotBlockRows(int64_t rows, int64_t full, int64_t r0) {
+  const int64_t left = rows - r0;
+  return r0 < full * kMicroRows ? kMicroRows : left < kMicroRows ? left : left / 2;
+}
+
+// Rows [0, rows) of a call: the reduction in blocks of kc_base (even), each block's panels in
+// turn over every row block.
+GK_BF16DOT_TARGET void DotGemmRows(int64_t rows, int64_t width, int64_t reduce, int64_t kc_base,
+                                   const uint16_t* a, int64_t lda, const uint16_t* packed, float* c,
+                                   int64_t ldc, bool accumulate, MoeMicroPrefetch* pf) {
+  const int64_t pairs = CeilDiv(reduce, int64_t{2});
+  for (int64_t k0 = 0; k0 < reduce; k0 += kc_base) {
+    const int64_t kc = std::min(kc_base, reduce - k0);
+    const bool load_c = accumulate || k0 > 0;
+    for (int64_t n0 = 0; n0 < width; n0 += kNr) {
+      const uint16_t* panel = packed + n0 * pairs * 2 + k0 * kNr;
+      const int64_t cols = std::min(kNr, width - n0);
+      const int64_t full = FullDotBlocks(rows);
+      for (int64_t r0 = 0; r0 < rows;) {
+        const int64_t mr = DotBlockRows(rows, full, r0);
+        const int64_t next = std::min(rows, r0 + mr + kMicroRows);
+        if (n0 == 0) MoeMicroPrefetchRows(a + k0, lda * 2, r0 + mr, next, kc * 2);
+        if (load_c) MoeMicroPrefetchRows(c + n0, ldc * 4, r0 + mr, next, cols * 4);
+        DotBlockUpTo<kMicroRows>(mr, kc / 2, kc % 2 != 0, a + r0 * lda + k0, lda, panel,
+                                 c + r0 * ldc + n0, ldc, cols, load_c, pf);
+        r0 += mr;
+      }
+    }
+  }
+}
+#endif  // GK_BF16DOT
+
+}  // namespace
+
+bool MoeBf16DotAvailable() {
+#if defined(GK_BF16DOT)
+  return CpuHasAvx512Bf16() && ChosenIsa().rfind("AVX3", 0) == 0;
+#else
+  return false;
+#endif
+}
+
+uint64_t MoeBf16DotPackedBytes(int64_t width, int64_t reduce) {
+  return static_cast<uint64_t>(RoundUp(width, kNr) * RoundUp(reduce, int64_t{2})) * 2;
+}
+
+void MoeBf16DotPackB(int64_t width, int64_t reduce, const void* b, int64_t ldb, bool kn, void* dst) {
+#if defined(GK_BF16DOT)
+  const auto* src = static_cast<const uint16_t*>(b);
+  auto* out = static_cast<uint16_t*>(dst);
+  if (kn) {  // either packer writes zeros past the width
+    PackFromKN(src, ldb, width, reduce, out);
+  } else {
+    PackFromRows(src, ldb, width, reduce, out);
+  }
+#else
+  (void)width, (void)reduce, (void)b, (void)ldb, (void)kn, (void)dst;
+  throw std::logic_error("bfloat16 dot-product kernel: not built for this CPU");
+#endif
+}
+
+void MoeBf16DotGemm(int64_t rows, int64_t width, int64_t reduce, const void* a, int64_t lda,
+                    const void* b_packed, float* c, int64_t ldc, bool accumulate,
+                    MoeMicroPrefetch* prefetch) {
+#if defined(GK_BF16DOT)
+  if (reduce == 0) {
+    for (int64_t r = 0; r < rows && !accumulate; ++r) std::fill(c + r * ldc, c + r * ldc + width, 0.0f);
+    return;
+  }
+  const int64_t k_blocks = CeilDiv(reduce, kKc);
+  const int64_t kc_base = RoundUp(CeilDiv(reduce, k_blocks), int64_t{2});
+  // Rows in chunks whose A block and C rows stay in L2 together, equal-sized, multiples of the
+  // register block.
+  const int64_t most = std::max<int64_t>(kMicroRows, kL2Bytes / (2 * kc_base + 4 * width) / kMicroRows * kMicroRows);
+  const int64_t chunk_rows = RoundUp(CeilDiv(rows, CeilDiv(rows, most)), int64_t{kMicroRows});
+  for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
+    DotGemmRows(std::min(chunk_rows, rows - m0), width, reduce, kc_base,
+                static_cast<const uint16_t*>(a) + m0 * lda, lda, static_cast<const uint16_t*>(b_packed),
+                c + m0 * ldc, ldc, accumulate, prefetch);
+  }
+#else
+  (void)rows, (void)width, (void)reduce, (void)a, (void)lda, (void)b_packed, (void)c, (void)ldc,
+      (void)accumulate, (void)prefetch;
+  throw std::logic_error("bfloat16 dot-product kernel: not built for this CPU");
+#endif
+}
+
+}  // namespace gk

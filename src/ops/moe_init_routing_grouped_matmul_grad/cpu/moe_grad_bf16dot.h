@@ -1,0 +1,49 @@
+// gradkit's bfloat16 tile GEMM on the dot-product instruction of AVX512-BF16 (vdpbf16ps): the
+// micro-kernel's register blocking (moe_grad_microkernel.h, 12 rows x 32 columns of float32
+// accumulators) with bfloat16 operands read as they are, two reduction elements per instruction,
+// instead of widened to float32 first. For the CPUs that have the instruction but no AMX, where
+// oneDNN 2.6's bfloat16 brgemm packs each B block in a pass of its own: this kernel fetches the
+// next block while it multiplies (MoeMicroPrefetch), as the float32 micro-kernel does.
+// x86-64 only; elsewhere MoeBf16DotAvailable() is false and nothing here may be called.
+//
+// Packed B: panels of kMoeBf16DotPanel columns; panel j holds, for each pair of reduction
+// elements (2p, 2p + 1), the 32 columns' two values side by side (the instruction's pairs):
+//   packed[j * pairs * 64 + p * 64 + (n % 32) * 2 + (k % 2)] = B(k, n), n = 32 j + n % 32,
+// pairs = ceil(reduce / 2), zero past `width` and (an odd reduction) at k = reduce.
+//
+// Sums: every C element starts from 0 (or from C with `accumulate`) and takes the pairs in
+// ascending order, each as the instruction does: c = (c + a[2p+1] b[2p+1]) + a[2p] b[2p], the
+// products exact in float32, each sum rounded to nearest even, bfloat16 subnormal inputs read as
+// zero and float32 subnormal results flushed to zero. An odd reduction's last pair has a zero
+// second element. So a call gives the same bits for a row whatever other rows, columns or
+// reduction blocks (cut at even k) it holds, and a reduction split by the caller at an even k
+// continues the same chains.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
+
+namespace gk {
+
+inline constexpr int64_t kMoeBf16DotPanel = 32;
+
+// Whether this CPU runs the kernel: x86-64 with AVX512-BF16, and Highway dispatching to an
+// AVX-512 target (so that `--isa AVX2` and the tests that select a target keep AVX-512 out).
+bool MoeBf16DotAvailable();
+
+// Bytes of B packed for `width` columns and `reduce` reduction elements.
+uint64_t MoeBf16DotPackedBytes(int64_t width, int64_t reduce);
+
+// Packs bfloat16 B [width, reduce] (b[n * ldb + k]) or, with `kn`, its transpose [reduce, width]
+// (b[k * ldb + n]) into `dst` (MoeBf16DotPackedBytes, 64-byte aligned).
+void MoeBf16DotPackB(int64_t width, int64_t reduce, const void* b, int64_t ldb, bool kn, void* dst);
+
+// C[rows, width] (row stride ldc) (+)= A[rows, reduce] (bfloat16, row stride lda) * B, B packed by
+// MoeBf16DotPackB for the same width and reduce. prefetch: lines to ask for meanwhile, spread over
+// the register blocks as in MoeMicroGemm (advanced).
+void MoeBf16DotGemm(int64_t rows, int64_t width, int64_t reduce, const void* a, int64_t lda,
+                    const void* b_packed, float* c, int64_t ldc, bool accumulate,
+                    MoeMicroPrefetch* prefetch = nullptr);
+
+}  // namespace gk
