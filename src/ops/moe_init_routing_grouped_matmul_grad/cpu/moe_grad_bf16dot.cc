@@ -11,9 +11,11 @@
 #include "core/plan_math.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if !defined(__clang__)
 // GCC 12's AVX-512 intrinsics start their results from _mm512_undefined_*(), a self-initialised
 // variable that -Wmaybe-uninitialized reports once the shuffles below are inlined.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #define GK_BF16DOT 1
 #define GK_BF16DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
