@@ -70,7 +70,7 @@ int64_t ReduceGranule(DType gemm_dtype) {
 // the k-blocks below, off AMX). Their column blocks are whole panels of 32 where N allows: S1's
 // N = 1408 in blocks of 176 left half a panel to a zero-padded tile (1/12 of the arithmetic
 // wasted), in blocks of 128 none (session 35).
-bool BF16ForwardOnDot(const GroupedMatmulShape& s) {
+bool Bf16ForwardOnDot(const GroupedMatmulShape& s) {
   return s.op == GroupedMatmulOp::kForward && s.dtype == DType::kBF16 && !Bf16OnAmx(DType::kBF16) &&
          s.k > kGroupedMatmulBf16StreamBaseK && MoeOwnStreamedBf16OnDot(DetectCpuIdentity());
 }
@@ -103,8 +103,8 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
     return int64_t{0};
   };
   const int64_t panel = t.gemm_dtype == DType::kF32 ? MoeMicroPanelWidth()
-                        : BF16ForwardOnDot(s)              ? kMoeBf16DotPanel
-                                                           : 16;
+                        : Bf16ForwardOnDot(s)              ? kMoeBf16DotPanel
+                                                           : int64_t{16};
   int64_t width = widest_dividing(panel);
   if (width == 0 && panel != 16) width = widest_dividing(16);
   if (width > 0) t.base_n = width;

@@ -31,7 +31,7 @@ constexpr int64_t kPairBytes = kNr * 2 * 2;  // one pair of reduction elements o
 constexpr int64_t kKc = kMoeMicroReduceBlock;
 // What a call's A block and C rows may take of L2 (as the float32 micro-kernel).
 constexpr int64_t kL2Bytes = 256 << 10;
-constexpr int kMicroRows = 12;
+constexpr int kMicroRows = static_cast<int>(kMoeBf16DotRows);
 // B^T's rows packed a band at a time into every panel, the next band's rows fetched meanwhile.
 constexpr int64_t kKnRows = 16;
 

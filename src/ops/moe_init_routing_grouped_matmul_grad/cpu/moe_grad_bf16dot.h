@@ -26,6 +26,9 @@
 
 namespace gk {
 
+// The register block: 12 rows x 32 columns (a panel) of float32 accumulators, 24 of AVX-512's 32
+// vector registers.
+inline constexpr int64_t kMoeBf16DotRows = 12;
 inline constexpr int64_t kMoeBf16DotPanel = 32;
 
 // Whether this CPU runs the kernel: x86-64 with AVX512-BF16, and Highway dispatching to an

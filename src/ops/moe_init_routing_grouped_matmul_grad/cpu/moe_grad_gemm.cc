@@ -42,7 +42,8 @@ namespace {
 
 // ---- gradkit's own kernel ----------------------------------------------------------------------
 // The register-blocked micro-kernel (moe_grad_microkernel.h) over B packed into its panels: once
-// per caller's B with shape.prepared_b, else on every call.
+// per caller's B with shape.prepared_b, else on every call. Streamed bfloat16 B (shape.streamed_b)
+// on the dot-product kernel instead (moe_grad_bf16dot.h) where the CPU has it.
 class MicroTileGemm final : public MoeTileGemm {
  public:
   explicit MicroTileGemm(const MoeTileGemmShape& shape)
@@ -64,7 +65,7 @@ class MicroTileGemm final : public MoeTileGemm {
   std::string impl(int64_t) const override {
     if (dot_) {
       return fmt::format("bfloat16 dot-product microkernel {}x{} (AVX512-BF16), B packed once per "
-                         "block, the next block fetched meanwhile", 12, kMoeBf16DotPanel);
+                         "block, the next block fetched meanwhile", kMoeBf16DotRows, kMoeBf16DotPanel);
     }
     if (shape_.streamed_b) {
       return fmt::format("microkernel {}x{}, B packed once per block, the next block fetched "
