@@ -72,6 +72,13 @@ class MoeGradExecutor final : public gkOpExecutor {
   }
 
  private:
+  // A weight block to fetch (rows of row_bytes, stride apart) over the multiply-adds of the calls
+  // before the next PrepareB (MoeTileGemm::Worker::PrefetchDuringRuns).
+  struct NextWeights {
+    const char* base = nullptr;
+    int64_t rows = 0, row_bytes = 0, stride = 0, macs = 0;
+  };
+
   // Everything one thread owns in the workspace.
   struct ThreadSlots {
     float* ring;
@@ -79,6 +86,7 @@ class MoeGradExecutor final : public gkOpExecutor {
     char* b_tile;  // null unless plan.b_copied
     MoeTileGemm::Worker* gemm;
     const void* b = nullptr;  // the current B as the GEMM takes it (Worker::PrepareB)
+    NextWeights next_weights{};  // the thread's next step's weight block (RunThread)
     std::array<float*, kMoeGradBestBaseM> dx_rows{};  // a tile's rows of gradX (base_m <= this)
   };
 
@@ -107,14 +115,56 @@ class MoeGradExecutor final : public gkOpExecutor {
         if (mine(chunk, block)) ZeroUnit(chunk, block);
       }
     }
-    for (int64_t g = 0; g < p.shape.g; ++g) {
-      for (int64_t block = 0; block < p.col_blocks; ++block) {
-        bool b_ready = false;
-        for (int64_t chunk = 0; chunk < p.token_chunks; ++chunk) {
-          if (mine(chunk, block)) RunExpert(chunk, block, g, b_ready, ws, slots);
-        }
+    // Steps (expert g, column block) with rows of the thread's units, in order. Each names the
+    // next step's weight block to the GEMM, fetched during its calls by a kernel that streams
+    // (MoeTileGemmShape::streamed_b; elsewhere a no-op), so that packing finds it in cache.
+    const auto rows_of = [&](int64_t g, int64_t block) {
+      int64_t rows = 0;
+      for (int64_t chunk = 0; chunk < p.token_chunks; ++chunk) {
+        if (mine(chunk, block)) rows += ChunkRows(ws, chunk, g);
       }
+      return rows;
+    };
+    const auto next_step = [&](int64_t& g, int64_t& block) {
+      do {
+        if (++block == p.col_blocks) block = 0, ++g;
+      } while (g < p.shape.g && rows_of(g, block) == 0);
+    };
+    if (p.col_blocks == 0) return;
+    int64_t g = 0, block = -1;
+    next_step(g, block);
+    while (g < p.shape.g) {
+      int64_t next_g = g, next_block = block;
+      next_step(next_g, next_block);
+      slots.next_weights = next_g < p.shape.g
+                               ? NextWeightsOf(next_g, next_block, rows_of(g, block) * BlockCols(block))
+                               : NextWeights{};
+      bool b_ready = false;
+      for (int64_t chunk = 0; chunk < p.token_chunks; ++chunk) {
+        if (mine(chunk, block)) RunExpert(chunk, block, g, b_ready, ws, slots);
+      }
+      g = next_g, block = next_block;
     }
+  }
+
+  // Expert g's rows in a chunk (all its rows, with one chunk).
+  int64_t ChunkRows(const MoeGradWorkspace& ws, int64_t chunk, int64_t g) const {
+    const int64_t* starts =
+        plan_.token_chunks > 1 ? ws.chunk_starts + chunk * plan_.shape.g : ws.group_offsets;
+    return starts[g + 1] - starts[g];
+  }
+
+  // Where (expert g, column block)'s weights are: macs_per_reduce = rows x columns of the calls
+  // to spread their fetch over.
+  NextWeights NextWeightsOf(int64_t g, int64_t block, int64_t macs_per_reduce) const {
+    const MoeGradShape& s = plan_.shape;
+    const int64_t elem = ElementBytes(s.dtype);
+    const int64_t col0 = block * plan_.base_n, cols = BlockCols(block);
+    const int64_t macs = macs_per_reduce * s.n;
+    if (s.weight_nk) {  // [N, K]: N rows, the block's columns of each
+      return {TensorBase(w_) + (g * s.n * s.k + col0) * elem, s.n, cols * elem, s.k * elem, macs};
+    }
+    return {TensorBase(w_) + (g * s.k + col0) * s.n * elem, cols, s.n * elem, s.n * elem, macs};
   }
 
   int64_t BlockCols(int64_t block) const {
@@ -177,6 +227,21 @@ class MoeGradExecutor final : public gkOpExecutor {
             slots.b = slots.gemm->PrepareB(cols, reduce, weight_block + k0 * elem);
           }
           b_ready = true;
+          const NextWeights& next = slots.next_weights;
+          if (p.k_blocks == 1 && next.base != nullptr) {
+            slots.gemm->PrefetchDuringRuns(next.base, next.rows, next.row_bytes, next.stride, next.macs);
+          }
+        }
+        // The tiles' rows of gradX, asked for (to write) before the last k-block's GEMMs, so
+        // that they are in cache when the tiles are added: their rows are scattered (one token
+        // each), which the hardware does not fetch ahead.
+        if (kb == p.k_blocks - 1) {
+          for (int64_t r = g0; r < g1; ++r) {
+            const auto* row = reinterpret_cast<const char*>(dx + ws.row_token[RowAt(ws, r)] * s.k + col0);
+            for (int64_t at = 0; at < cols * int64_t{sizeof(float)}; at += 64) {
+              __builtin_prefetch(row + at, 1, 3);
+            }
+          }
         }
         int64_t slot = 0;
         for (int64_t r0 = g0; r0 < g1; r0 += p.base_m, ++slot) {

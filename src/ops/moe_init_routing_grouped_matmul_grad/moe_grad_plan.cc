@@ -189,6 +189,14 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape, bool gemm_any_stride)
   return tiles;
 }
 
+bool MoeGradStreamsWeights(const MoeGradShape& shape, const MoeGradTiles& tiles) {
+  if (tiles.gemm_dtype != DType::kBF16 || tiles.k_blocks != 1) return false;
+  const uint64_t row_bytes = static_cast<uint64_t>(shape.n) * 2;
+  const uint64_t expert_rows = static_cast<uint64_t>(CeilDiv(shape.m, std::max<int64_t>(shape.g, 1)));
+  const uint64_t block_bytes = static_cast<uint64_t>(tiles.base_n) * row_bytes;
+  return expert_rows * row_bytes + 2 * block_bytes <= kMoeGradStreamedBytes;
+}
+
 bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_any_stride) {
   return shape.dtype == DType::kF16 || (!gemm_any_stride && (tiles.k_blocks > 1 || shape.weight_nk));
 }
@@ -213,6 +221,7 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape, bool gemm_any_s
   // (docs/benchmarks.md).
   g.prepared_b = true;
   g.own_f32_where_faster = true;
+  g.streamed_b = MoeGradStreamsWeights(shape, t);
   g.steps = {{t.base_k, false}};
   if (t.k_blocks > 1) {
     if (t.k_blocks > 2 || t.last_k == t.base_k) g.steps.push_back({t.base_k, true});

@@ -55,6 +55,10 @@ inline constexpr uint64_t kMoeGradMinThreadFlop = uint64_t{1} << 27;  // work wo
 // Per-thread bytes of GEMM operands (A tile, B copies) per k-block: bounds base_k.
 inline constexpr uint64_t kMoeGradThreadOperandBytes = 3u << 20;
 inline constexpr uint64_t kMoeGradAlignment = 512;    // every workspace region starts aligned
+// Where the next weight block is fetched during the GEMMs (MoeGradStreamsWeights): the bytes an
+// expert's gradY rows and two weight blocks (packed, and the next one fetched) may take, the L2
+// of a core of the Zen 5 this was measured on.
+inline constexpr uint64_t kMoeGradStreamedBytes = 1u << 20;
 
 // The machine's share of the decision.
 struct MoeGradMachine {
@@ -138,6 +142,16 @@ struct MoeGradTiles {
 // gemm_any_stride: the GEMM reads operands at any stride (MoeTileGemm::takes_any_stride), which
 // sets how long a k-block may be (LongestKBlock in moe_grad_plan.cc).
 MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape, bool gemm_any_stride);
+
+// Whether the tiles' GEMMs stream their weights (MoeTileGemmShape::streamed_b: auto runs them on
+// gradkit's dot-product kernel where MoeOwnStreamedBf16OnDot, which fetches the next weight block
+// while it multiplies; oneDNN elsewhere, as before): bfloat16 with one k-block (B prepared once
+// per expert and column block), where an expert's average gradY rows and two weight blocks fit
+// in kMoeGradStreamedBytes. Few rows per expert leave little arithmetic to hide a block's
+// packing behind; oneDNN packs it in a pass of its own from memory. Measured on Zen 5: S2
+// (256 rows per expert, 384 KiB + 2 x 192 KiB) 74-83 -> 85-89% of dense; S3 (544 KiB + 2 x 256
+// KiB) and S1 (2.8 MiB) lost (docs/benchmarks.md, session 36).
+bool MoeGradStreamsWeights(const MoeGradShape& shape, const MoeGradTiles& tiles);
 // Whether each k-block of a weight block is copied into the thread's B tile first. On a GEMM
 // that takes the shape's strides only (oneDNN): float16 weights are converted to float32 (the
 // GEMM has no float16), and k-blocks of a longer reduction are made dense ([base_n, base_k]), the
