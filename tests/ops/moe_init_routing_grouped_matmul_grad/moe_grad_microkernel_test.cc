@@ -276,22 +276,33 @@ MoeGradShape SmallShape(DType dtype) {
 }
 
 // auto: oneDNN exactly where it has brgemm kernels for the dtype (decided from the CPU here) and
-// the fused op's float32 tiles are not faster on the micro-kernel on this CPU, else the
-// micro-kernel, whose rows need no padding.
+// neither the fused op's float32 tiles nor its streamed bfloat16 ones (MoeGradStreamsWeights)
+// are faster on gradkit's kernels on this CPU, else gradkit's, whose rows need no padding. A
+// shape of short experts (streamed in bfloat16) and one of long experts (not).
 TEST(moe_grad_gemm, AutoTakesOneDnnWhereItHasBrgemm) {
   const EnvScope scope("GRADKIT_GEMM", "auto");
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    const MoeGradMachine m = DetectMoeGradMachine(SmallShape(dtype));
-    const bool own_faster = dtype == DType::kF32 && MoeOwnF32TilesOutrunBrgemm(DetectCpuIdentity());
-    const bool onednn = MoeGemmHasOneDnn() && gk::testing::CpuHasBrgemmFor(dtype) && !own_faster;
-    EXPECT_EQ(m.gemm_backend, onednn ? "onednn" : "gradkit") << DTypeName(dtype);
-    // oneDNN: any row count too, run as a whole granule's call and a short one (tail_calls),
-    // where the short calls run on the same kernels (TailCallsGiveTheBitsOfPaddedRows).
-    if (onednn) {
-      EXPECT_TRUE(m.gemm_row_granule == 1 || m.gemm_row_granule == kMoeGradGemmRowGranule)
-          << DTypeName(dtype) << " " << m.gemm_row_granule;
-    } else {
-      EXPECT_EQ(m.gemm_row_granule, 1) << DTypeName(dtype);
+  MoeGradShape long_experts = SmallShape(DType::kF32);
+  long_experts.batch = 2048, long_experts.m = long_experts.l = 4096, long_experts.n = 768;
+  for (const MoeGradShape& base : {SmallShape(DType::kF32), long_experts}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      MoeGradShape shape = base;
+      shape.dtype = dtype;
+      const MoeGradMachine m = DetectMoeGradMachine(shape);
+      const CpuIdentity cpu = DetectCpuIdentity();
+      const bool streamed = MoeGradStreamsWeights(shape, ChooseMoeGradTiles(shape, false));
+      EXPECT_EQ(streamed, dtype == DType::kBF16 && shape.m == 128) << DTypeName(dtype);
+      const bool own_faster = (dtype == DType::kF32 && MoeOwnF32TilesOutrunBrgemm(cpu)) ||
+                              (streamed && MoeOwnStreamedBf16OnDot(cpu));
+      const bool onednn = MoeGemmHasOneDnn() && gk::testing::CpuHasBrgemmFor(dtype) && !own_faster;
+      EXPECT_EQ(m.gemm_backend, onednn ? "onednn" : "gradkit") << DTypeName(dtype);
+      // oneDNN: any row count too, run as a whole granule's call and a short one (tail_calls),
+      // where the short calls run on the same kernels (TailCallsGiveTheBitsOfPaddedRows).
+      if (onednn) {
+        EXPECT_TRUE(m.gemm_row_granule == 1 || m.gemm_row_granule == kMoeGradGemmRowGranule)
+            << DTypeName(dtype) << " " << m.gemm_row_granule;
+      } else {
+        EXPECT_EQ(m.gemm_row_granule, 1) << DTypeName(dtype);
+      }
     }
   }
 }

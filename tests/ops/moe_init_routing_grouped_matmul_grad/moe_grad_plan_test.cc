@@ -206,6 +206,45 @@ TEST(moe_grad_plan, WorkspaceDoesNotGrowWithM) {
   }
 }
 
+// Weights stream (the next block fetched during the GEMMs) for bfloat16 with one k-block where an
+// expert's average gradY rows and two weight blocks fit in kMoeGradStreamedBytes: of the
+// benchmark's shapes S2 only; never float32 or float16, never with k-blocks. The boundary from
+// the rule's own terms: one row more per expert crosses it.
+TEST(moe_grad_plan, WeightsStreamForBfloat16ShortExperts) {
+  const auto streams = [](const MoeGradShape& s) {
+    return MoeGradStreamsWeights(s, ChooseMoeGradTiles(s, /*gemm_any_stride=*/true));
+  };
+  const MoeGradShape s1 = Shape(4096, 2, 8, 2048, 1408, DType::kBF16);
+  const MoeGradShape s2 = Shape(2048, 8, 64, 2048, 768, DType::kBF16);
+  const MoeGradShape s3 = Shape(1024, 8, 60, 7168, 2048, DType::kBF16);
+  EXPECT_FALSE(streams(s1));
+  EXPECT_TRUE(streams(s2));
+  EXPECT_FALSE(streams(s3));
+  for (DType dtype : {DType::kF32, DType::kF16}) {
+    MoeGradShape other = s2;
+    other.dtype = dtype;
+    EXPECT_FALSE(streams(other)) << DTypeName(dtype);
+  }
+  // Rows per expert at the boundary: rows * row + 2 * block <= the bytes.
+  const MoeGradTiles t2 = ChooseMoeGradTiles(s2, true);
+  const int64_t row = s2.n * 2, block = t2.base_n * row;
+  const int64_t most_rows = (static_cast<int64_t>(kMoeGradStreamedBytes) - 2 * block) / row;
+  MoeGradShape at = s2, past = s2;
+  at.m = at.l = most_rows * s2.g;
+  past.m = past.l = (most_rows + 1) * s2.g;
+  ASSERT_EQ(ChooseMoeGradTiles(at, true).base_n, t2.base_n);
+  ASSERT_EQ(ChooseMoeGradTiles(past, true).base_n, t2.base_n);
+  EXPECT_TRUE(streams(at));
+  EXPECT_FALSE(streams(past));
+  // A reduction long enough for k-blocks: B is prepared per k-block, nothing streams.
+  MoeGradShape long_n = Shape(64, 2, 8, 256, 65536, DType::kBF16);
+  ASSERT_GT(ChooseMoeGradTiles(long_n, true).k_blocks, 1);
+  EXPECT_FALSE(streams(long_n));
+  // The GEMM shape carries it.
+  EXPECT_TRUE(MoeGradTileGemmShape(s2, true).streamed_b);
+  EXPECT_FALSE(MoeGradTileGemmShape(s3, true).streamed_b);
+}
+
 // The issue's shapes with the machine's own GEMM library, 2 threads: at most 16 MiB each.
 TEST(moe_grad_plan, IssueShapesFitIn16MiB) {
   const MoeGradShape shapes[] = {Shape(4096, 2, 8, 2048, 1408), Shape(2048, 8, 64, 2048, 768),
