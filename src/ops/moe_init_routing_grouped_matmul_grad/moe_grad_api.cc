@@ -232,17 +232,6 @@ class MoeGradExecutor final : public gkOpExecutor {
             slots.gemm->PrefetchDuringRuns(next.base, next.rows, next.row_bytes, next.stride, next.macs);
           }
         }
-        // The tiles' rows of gradX, asked for (to write) before the last k-block's GEMMs, so
-        // that they are in cache when the tiles are added: their rows are scattered (one token
-        // each), which the hardware does not fetch ahead.
-        if (kb == p.k_blocks - 1) {
-          for (int64_t r = g0; r < g1; ++r) {
-            const auto* row = reinterpret_cast<const char*>(dx + ws.row_token[RowAt(ws, r)] * s.k + col0);
-            for (int64_t at = 0; at < cols * int64_t{sizeof(float)}; at += 64) {
-              __builtin_prefetch(row + at, 1, 3);
-            }
-          }
-        }
         int64_t slot = 0;
         for (int64_t r0 = g0; r0 < g1; r0 += p.base_m, ++slot) {
           RunTile(r0, std::min(p.base_m, g1 - r0), k0, reduce, kb > 0, slots.b, cols,
