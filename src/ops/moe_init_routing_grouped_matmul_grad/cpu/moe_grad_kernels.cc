@@ -99,10 +99,11 @@ HWY_NOINLINE void PackBPanel(const uint8_t* b, int64_t row_bytes, int64_t cols, 
       for (int64_t r = 0; r < lanes; ++r) hwy::Prefetch(rows + r * row_bytes + w0 * 4 + kPrefetchBytes);
       const int64_t w1 = std::min(words, w0 + block_words);
       int64_t w = w0;
+      uint32_t* target = out(w0) + n;  // word w's, one k-block's words n_block apart
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-      for (; w + 8 <= w1; w += 8) Transpose8x8Words(row, w, out(w) + n, n_block);
+      for (; w + 8 <= w1; w += 8, target += 8 * n_block) Transpose8x8Words(row, w, target, n_block);
 #endif
-      for (uint32_t* target = out(w) + n; w < w1; ++w, target += n_block) {
+      for (; w < w1; ++w, target += n_block) {
         const auto* base = reinterpret_cast<const uint32_t*>(rows + w * 4);
         hn::StoreU(hn::GatherOffset(d32, base, offsets), d32, target);
       }
