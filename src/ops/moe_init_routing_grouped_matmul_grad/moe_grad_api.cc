@@ -136,9 +136,9 @@ class MoeGradExecutor final : public gkOpExecutor {
     while (g < p.shape.g) {
       int64_t next_g = g, next_block = block;
       next_step(next_g, next_block);
-      slots.next_weights = next_g < p.shape.g
-                               ? NextWeightsOf(next_g, next_block, rows_of(g, block) * BlockCols(block))
-                               : NextWeights{};
+      const int64_t macs_per_reduce = rows_of(g, block) * BlockCols(block);
+      slots.next_weights = next_g < p.shape.g ? NextWeightsOf(next_g, next_block, macs_per_reduce)
+                                              : NextWeights{};
       bool b_ready = false;
       for (int64_t chunk = 0; chunk < p.token_chunks; ++chunk) {
         if (mine(chunk, block)) RunExpert(chunk, block, g, b_ready, ws, slots);
@@ -229,7 +229,8 @@ class MoeGradExecutor final : public gkOpExecutor {
           b_ready = true;
           const NextWeights& next = slots.next_weights;
           if (p.k_blocks == 1 && next.base != nullptr) {
-            slots.gemm->PrefetchDuringRuns(next.base, next.rows, next.row_bytes, next.stride, next.macs);
+            slots.gemm->PrefetchDuringRuns(next.base, next.rows, next.row_bytes, next.stride,
+                                           next.macs);
           }
         }
         int64_t slot = 0;

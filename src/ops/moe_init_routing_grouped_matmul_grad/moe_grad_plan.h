@@ -147,11 +147,14 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape, bool gemm_any_stride)
 // gradkit's dot-product kernel where MoeOwnStreamedBf16OnDot, which fetches the next weight block
 // while it multiplies; oneDNN elsewhere, as before): bfloat16 with one k-block (B prepared once
 // per expert and column block), where an expert's average gradY rows and two weight blocks fit
-// in kMoeGradStreamedBytes. Few rows per expert leave little arithmetic to hide a block's
-// packing behind; oneDNN packs it in a pass of its own from memory. Measured on Zen 5: S2
-// (256 rows per expert, 384 KiB + 2 x 192 KiB) 74-83 -> 85-89% of dense; S3 (544 KiB + 2 x 256
-// KiB) and S1 (2.8 MiB) lost (docs/benchmarks.md, session 36).
+// in kMoeGradStreamedBytes. With few rows per expert, packing each block from memory (on
+// oneDNN a pass of its own, at about 10 GB/s a core) is a large share of the time; the dot kernel
+// fetches the block behind the arithmetic instead, which needs the fetched block to stay in L2.
+// Measured on Zen 5, percent of dense: S2 (256 rows an expert, 384 KiB + 2 x 192 KiB) 78-83 ->
+// 86-91 (seven rounds); S3 (544 KiB + 2 x 256 KiB) and S1 (2.8 MiB) lost (docs/benchmarks.md,
+// session 36).
 bool MoeGradStreamsWeights(const MoeGradShape& shape, const MoeGradTiles& tiles);
+
 // Whether each k-block of a weight block is copied into the thread's B tile first. On a GEMM
 // that takes the shape's strides only (oneDNN): float16 weights are converted to float32 (the
 // GEMM has no float16), and k-blocks of a longer reduction are made dense ([base_n, base_k]), the
