@@ -147,24 +147,36 @@ class MoeGradExecutor final : public gkOpExecutor {
     }
   }
 
-  // Expert g's rows in a chunk (all its rows, with one chunk).
+  // A chunk's row list by expert: expert g's rows are positions [starts[g], starts[g + 1]) of it
+  // (rows themselves, with one chunk).
+  const int64_t* ChunkStarts(const MoeGradWorkspace& ws, int64_t chunk) const {
+    return plan_.token_chunks > 1 ? ws.chunk_starts + chunk * plan_.shape.g : ws.group_offsets;
+  }
   int64_t ChunkRows(const MoeGradWorkspace& ws, int64_t chunk, int64_t g) const {
-    const int64_t* starts =
-        plan_.token_chunks > 1 ? ws.chunk_starts + chunk * plan_.shape.g : ws.group_offsets;
+    const int64_t* starts = ChunkStarts(ws, chunk);
     return starts[g + 1] - starts[g];
   }
 
-  // Where (expert g, column block)'s weights are: macs_per_reduce = rows x columns of the calls
-  // to spread their fetch over.
+  // Column `block * base_n` of expert g: that row of its [K, N] matrix, or that column of its
+  // [N, K] one.
+  const char* WeightBlock(int64_t g, int64_t block) const {
+    const MoeGradShape& s = plan_.shape;
+    const int64_t col0 = block * plan_.base_n;
+    return TensorBase(w_) +
+           (s.weight_nk ? g * s.k * s.n + col0 : (g * s.k + col0) * s.n) * ElementBytes(s.dtype);
+  }
+
+  // (expert g, column block)'s weights as rows to fetch: macs_per_reduce = rows x columns of the
+  // calls to spread their fetch over.
   NextWeights NextWeightsOf(int64_t g, int64_t block, int64_t macs_per_reduce) const {
     const MoeGradShape& s = plan_.shape;
     const int64_t elem = ElementBytes(s.dtype);
-    const int64_t col0 = block * plan_.base_n, cols = BlockCols(block);
+    const int64_t cols = BlockCols(block);
     const int64_t macs = macs_per_reduce * s.n;
     if (s.weight_nk) {  // [N, K]: N rows, the block's columns of each
-      return {TensorBase(w_) + (g * s.n * s.k + col0) * elem, s.n, cols * elem, s.k * elem, macs};
+      return {WeightBlock(g, block), s.n, cols * elem, s.k * elem, macs};
     }
-    return {TensorBase(w_) + (g * s.k + col0) * s.n * elem, cols, s.n * elem, s.n * elem, macs};
+    return {WeightBlock(g, block), cols, s.n * elem, s.n * elem, macs};
   }
 
   int64_t BlockCols(int64_t block) const {
@@ -193,17 +205,9 @@ class MoeGradExecutor final : public gkOpExecutor {
     float* dx = reinterpret_cast<float*>(TensorBase(dx_));
     const int64_t elem = ElementBytes(s.dtype);
     const int64_t group_rows = p.parall_num * p.base_m;
-    int64_t begin, end;  // positions in the chunk's row list (or rows, with one chunk)
-    if (p.token_chunks > 1) {
-      begin = ws.chunk_starts[chunk * s.g + g];
-      end = ws.chunk_starts[chunk * s.g + g + 1];
-    } else {
-      begin = ws.group_offsets[g];
-      end = ws.group_offsets[g + 1];
-    }
-    // Column col0 of expert g: row col0 of its [K, N] matrix, or column col0 of its [N, K] one.
-    const char* weight_block = TensorBase(w_) + (s.weight_nk ? g * s.k * s.n + col0
-                                                       : (g * s.k + col0) * s.n) * elem;
+    const int64_t* starts = ChunkStarts(ws, chunk);
+    const int64_t begin = starts[g], end = starts[g + 1];
+    const char* weight_block = WeightBlock(g, block);
     // Up to parall_num tiles at a time: each k-block of the weights is copied (float16:
     // converted; [N, K] storage: transposed) once for all of them, and their sums stay in the
     // ring until the last k-block.

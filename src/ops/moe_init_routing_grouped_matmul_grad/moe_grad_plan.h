@@ -150,9 +150,9 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape, bool gemm_any_stride)
 // in kMoeGradStreamedBytes. With few rows per expert, packing each block from memory (on
 // oneDNN a pass of its own, at about 10 GB/s a core) is a large share of the time; the dot kernel
 // fetches the block behind the arithmetic instead, which needs the fetched block to stay in L2.
-// Measured on Zen 5, percent of dense: S2 (256 rows an expert, 384 KiB + 2 x 192 KiB) 78-83 ->
-// 86-91 (seven rounds); S3 (544 KiB + 2 x 256 KiB) and S1 (2.8 MiB) lost (docs/benchmarks.md,
-// session 36).
+// Measured on Zen 5, percent of dense: S2 (256 rows an expert, 384 KiB + 2 x 192 KiB) on oneDNN
+// 78-83, streamed 84-92 (the final code, four rounds; 87-91 on earlier builds of the change); S3
+// (544 KiB + 2 x 256 KiB) and S1 (2.8 MiB) lost (docs/benchmarks.md, session 36).
 bool MoeGradStreamsWeights(const MoeGradShape& shape, const MoeGradTiles& tiles);
 
 // Whether each k-block of a weight block is copied into the thread's B tile first. On a GEMM
