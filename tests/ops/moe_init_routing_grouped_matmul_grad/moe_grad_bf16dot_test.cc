@@ -2,7 +2,8 @@
 // AVX512-BF16: each C element is exactly the instruction's chain over the pairs of k, whatever the
 // rows, columns and reduction blocks of the call and the strides of A and C; B packed from its rows
 // and from its transpose's rows gives the same bytes, zeros past the width and the reduction; a
-// reduction split at an even k continues the chains; lines asked for meanwhile change no bit.
+// reduction split at an even k continues the chains; B packed by the kernel as it multiplies gives
+// the same bytes and bits; lines asked for meanwhile change no bit.
 // Sizes from the kernel's blocks: rows around its 12-row register block (every split of a rest
 // into one or two blocks), widths around its 32-column panel, reductions around
 // kMoeMicroReduceBlock and odd.
@@ -138,6 +139,40 @@ TEST_F(MoeBf16DotTest, BothPackersGiveTheSameBytes) {
           const uint16_t got = rows_out[(n / nr) * pairs * 2 * nr + (k / 2) * 2 * nr + (n % nr) * 2 + k % 2];
           const uint16_t want = n < width && k < reduce ? op.b[static_cast<size_t>(n * op.ldb + k)] : 0;
           ASSERT_EQ(got, want) << "k " << k << " n " << n;
+        }
+      }
+    }
+  }
+}
+
+// B packed on the way (MoeBf16DotGemmPackingKN: each panel's first register block packs B^T's
+// rows as it multiplies) gives the bytes of MoeBf16DotPackB and the bits of the call on them:
+// rows around the register block and past one L2 chunk of rows (only the first chunk packs),
+// widths around the panel, reductions around the reduction block and odd, with and without C's
+// start; a call without rows packs it all.
+TEST_F(MoeBf16DotTest, PackingOnTheWayGivesTheSameBytesAndBits) {
+  const int64_t nr = kMoeBf16DotPanel, kb = kMoeMicroReduceBlock;
+  std::vector<int64_t> row_counts = RowCounts();
+  row_counts.push_back(0);
+  row_counts.push_back(40 * kRowBlock + 5);  // past the kernel's 256 KiB chunk of A and C rows
+  for (int64_t rows : row_counts) {
+    for (int64_t width : {int64_t{1}, nr, nr + 1, 3 * nr + 7}) {
+      for (int64_t reduce : {int64_t{1}, int64_t{7}, kb, kb + 1, 2 * kb + 40}) {
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "rows " << rows << " width " << width << " reduce " << reduce
+                                            << " accumulate " << accumulate);
+          const Operands op(rows, width, reduce, static_cast<uint32_t>(rows * 3 + width + reduce));
+          const std::vector<uint16_t> t = op.Transposed(width + 9);
+          const size_t elems = MoeBf16DotPackedBytes(width, reduce) / 2;
+          std::vector<uint16_t> before(elems + 32, 0xffff), on_the_way(elems + 32, 0xffff);
+          MoeBf16DotPackB(width, reduce, t.data(), width + 9, /*kn=*/true, Operands::Aligned(before));
+          std::vector<float> c(static_cast<size_t>(rows * (width + 2)), 3.0f), c_on_the_way = c;
+          MoeBf16DotGemm(rows, width, reduce, op.a.data(), op.lda, Operands::Aligned(before), c.data(),
+                         width + 2, accumulate);
+          MoeBf16DotGemmPackingKN(rows, width, reduce, op.a.data(), op.lda, t.data(), width + 9,
+                                  Operands::Aligned(on_the_way), c_on_the_way.data(), width + 2, accumulate);
+          ASSERT_EQ(std::memcmp(Operands::Aligned(before), Operands::Aligned(on_the_way), elems * 2), 0);
+          ASSERT_EQ(c_on_the_way, c);
         }
       }
     }

@@ -160,13 +160,61 @@ GK_BF16DOT_TARGET __attribute__((always_inline)) inline void DotStep(const char*
   }
 }
 
+// B^T's rows that a register block packs on the way (MoeBf16DotGemmPackingKN): row k of the
+// panel's `cols` columns at rows + k * ldb, `reduce` rows from the reduction block's first.
+struct DotKnSource {
+  const uint16_t* rows;
+  int64_t ldb, cols, reduce;
+};
+
+// The packing register block asks for B^T's rows this many rows ahead of the pair it packs
+// (into L1). Each of a panel's rows is its own page, 4 KiB from the last, so neither the
+// hardware's prefetchers nor a stream of the whole block spread over the previous block's
+// GEMMs had them there in time (docs/benchmarks.md, session 37).
+constexpr int64_t kDotPackAheadRows = 16;
+
+// DotStep, the panel's pair first packed from B^T's rows 2p and 2p + 1 (as PackPanelFromKN) and
+// stored to `panel_pair`. The rows asked for ahead may lie past the block (a prefetch never
+// faults).
+template <int MR>
+GK_BF16DOT_TARGET __attribute__((always_inline)) inline void DotStepPacking(
+    const char* a_pair, int64_t ld, const DotKnSource& src, int64_t p, __mmask32 mask,
+    __m512i lo_index, __m512i hi_index, uint16_t* panel_pair, __m512 (&lo)[MR], __m512 (&hi)[MR]) {
+  const uint16_t* even_row = src.rows + 2 * p * src.ldb;
+  const char* ahead = reinterpret_cast<const char*>(even_row + kDotPackAheadRows * src.ldb);
+  const int64_t row_bytes = src.ldb * 2;
+  // Both lines of a panel's 64 bytes where the rows are not 64-byte aligned (one asked for
+  // alone ran S3 at 78% of the stream it replaced).
+  _mm_prefetch(ahead, _MM_HINT_T0);
+  _mm_prefetch(ahead + 63, _MM_HINT_T0);
+  _mm_prefetch(ahead + row_bytes, _MM_HINT_T0);
+  _mm_prefetch(ahead + row_bytes + 63, _MM_HINT_T0);
+  const __m512i even = _mm512_maskz_loadu_epi16(mask, even_row);
+  const __m512i odd = 2 * p + 1 < src.reduce ? _mm512_maskz_loadu_epi16(mask, even_row + src.ldb)
+                                             : _mm512_setzero_si512();
+  const __m512i w0 = _mm512_permutex2var_epi16(even, lo_index, odd);
+  const __m512i w1 = _mm512_permutex2var_epi16(even, hi_index, odd);
+  _mm512_store_si512(panel_pair, w0);
+  _mm512_store_si512(panel_pair + kNr, w1);
+  const __m512bh b0 = (__m512bh)w0, b1 = (__m512bh)w1;
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    int32_t word;
+    std::memcpy(&word, a_pair + r * ld, 4);
+    const __m512bh av = (__m512bh)_mm512_set1_epi32(word);
+    lo[r] = _mm512_dpbf16_ps(lo[r], av, b0);
+    hi[r] = _mm512_dpbf16_ps(hi[r], av, b1);
+  }
+}
+
 // C[MR, 32] (+)= A[MR, 2 pairs + odd] * panel, columns past `cols` neither read nor written.
 // The prefetch stream, where given, spread over the loop: one line every pairs / per_block steps.
-template <int MR>
+// With kPack, the panel is first packed from `src` step by step (and written), as it is used.
+template <int MR, bool kPack = false>
 GK_BF16DOT_TARGET __attribute__((noinline)) void DotTile(int64_t pairs, bool odd, const uint16_t* a,
                                                          int64_t lda, const uint16_t* panel, float* c,
                                                          int64_t ldc, int64_t cols, bool load_c,
-                                                         MoeMicroPrefetch* pf) {
+                                                         MoeMicroPrefetch* pf, const DotKnSource* src = nullptr) {
   const __mmask16 m0 = static_cast<__mmask16>((uint32_t{1} << std::min<int64_t>(cols, 16)) - 1);
   const __mmask16 m1 = static_cast<__mmask16>((uint32_t{1} << std::clamp<int64_t>(cols - 16, 0, 16)) - 1);
   __m512 lo[MR], hi[MR];
@@ -178,15 +226,38 @@ GK_BF16DOT_TARGET __attribute__((noinline)) void DotTile(int64_t pairs, bool odd
   const char* a_bytes = reinterpret_cast<const char*>(a);
   const int64_t ld = lda * 2;
   int64_t p = 0;
-  if (pf != nullptr && pf->per_block > 0) {
-    const int64_t every = std::max<int64_t>(1, pairs / pf->per_block);
-    for (int64_t n = 0; n < pf->per_block && MoeMicroAskNextLine(pf); ++n) {
-      for (const int64_t p1 = std::min(pairs, p + every); p < p1; ++p) {
-        DotStep<MR>(a_bytes + 4 * p, ld, panel + p * kNr * 2, lo, hi);
+  if constexpr (kPack) {
+    const __mmask32 mask = src->cols >= 32 ? ~__mmask32{0} : (__mmask32{1} << src->cols) - 1;
+    const __m512i lo_index = PairIndex(0), hi_index = PairIndex(1);
+    uint16_t* out = const_cast<uint16_t*>(panel);
+    if (pf != nullptr && pf->per_block > 0) {
+      const int64_t every = std::max<int64_t>(1, pairs / pf->per_block);
+      for (int64_t n = 0; n < pf->per_block && MoeMicroAskNextLine(pf); ++n) {
+        for (const int64_t p1 = std::min(pairs, p + every); p < p1; ++p) {
+          DotStepPacking<MR>(a_bytes + 4 * p, ld, *src, p, mask, lo_index, hi_index, out + p * kNr * 2, lo, hi);
+        }
       }
     }
+    for (; p < pairs; ++p) {
+      DotStepPacking<MR>(a_bytes + 4 * p, ld, *src, p, mask, lo_index, hi_index, out + p * kNr * 2, lo, hi);
+    }
+    if (odd) {  // the last element's pair: the row below it is past the reduction (zeros)
+      const __m512i even = _mm512_maskz_loadu_epi16(mask, src->rows + 2 * pairs * src->ldb);
+      const __m512i zero = _mm512_setzero_si512();
+      _mm512_store_si512(out + pairs * kNr * 2, _mm512_permutex2var_epi16(even, lo_index, zero));
+      _mm512_store_si512(out + pairs * kNr * 2 + kNr, _mm512_permutex2var_epi16(even, hi_index, zero));
+    }
+  } else {
+    if (pf != nullptr && pf->per_block > 0) {
+      const int64_t every = std::max<int64_t>(1, pairs / pf->per_block);
+      for (int64_t n = 0; n < pf->per_block && MoeMicroAskNextLine(pf); ++n) {
+        for (const int64_t p1 = std::min(pairs, p + every); p < p1; ++p) {
+          DotStep<MR>(a_bytes + 4 * p, ld, panel + p * kNr * 2, lo, hi);
+        }
+      }
+    }
+    for (; p < pairs; ++p) DotStep<MR>(a_bytes + 4 * p, ld, panel + p * kNr * 2, lo, hi);
   }
-  for (; p < pairs; ++p) DotStep<MR>(a_bytes + 4 * p, ld, panel + p * kNr * 2, lo, hi);
   if (odd) {  // the last element alone: its pair's second element (and the panel's) zero
     const __m512bh b0 = (__m512bh)_mm512_load_si512(panel + pairs * kNr * 2);
     const __m512bh b1 = (__m512bh)_mm512_load_si512(panel + pairs * kNr * 2 + kNr);
@@ -209,14 +280,19 @@ GK_BF16DOT_TARGET __attribute__((noinline)) void DotTile(int64_t pairs, bool odd
 template <int MR>
 GK_BF16DOT_TARGET void DotBlockUpTo(int64_t mr, int64_t pairs, bool odd, const uint16_t* a,
                                    int64_t lda, const uint16_t* panel, float* c, int64_t ldc,
-                                   int64_t cols, bool load_c, MoeMicroPrefetch* pf) {
+                                   int64_t cols, bool load_c, MoeMicroPrefetch* pf,
+                                   const DotKnSource* src) {
   if constexpr (MR > 1) {
     if (mr < MR) {
-      DotBlockUpTo<MR - 1>(mr, pairs, odd, a, lda, panel, c, ldc, cols, load_c, pf);
+      DotBlockUpTo<MR - 1>(mr, pairs, odd, a, lda, panel, c, ldc, cols, load_c, pf, src);
       return;
     }
   }
-  DotTile<MR>(pairs, odd, a, lda, panel, c, ldc, cols, load_c, pf);
+  if (src != nullptr) {
+    DotTile<MR, true>(pairs, odd, a, lda, panel, c, ldc, cols, load_c, pf, src);
+  } else {
+    DotTile<MR>(pairs, odd, a, lda, panel, c, ldc, cols, load_c, pf);
+  }
 }
 
 // Register blocks of a call's rows: kMicroRows, then the rest in one block of 6 to 11 rows, or,
@@ -232,10 +308,12 @@ int64_t DotBlockRows(int64_t rows, int64_t full, int64_t r0) {
 }
 
 // Rows [0, rows) of a call: the reduction in blocks of kc_base (even), each block's panels in
-// turn over every row block.
+// turn over every row block. With b_kn (B^T's rows, row stride ldb), the first register block of
+// each reduction block and panel packs that part of `packed` as it multiplies.
 GK_BF16DOT_TARGET void DotGemmRows(int64_t rows, int64_t width, int64_t reduce, int64_t kc_base,
                                    const uint16_t* a, int64_t lda, const uint16_t* packed, float* c,
-                                   int64_t ldc, bool accumulate, MoeMicroPrefetch* pf) {
+                                   int64_t ldc, bool accumulate, MoeMicroPrefetch* pf,
+                                   const uint16_t* b_kn = nullptr, int64_t ldb = 0) {
   const int64_t pairs = CeilDiv(reduce, int64_t{2});
   for (int64_t k0 = 0; k0 < reduce; k0 += kc_base) {
     const int64_t kc = std::min(kc_base, reduce - k0);
@@ -249,8 +327,10 @@ GK_BF16DOT_TARGET void DotGemmRows(int64_t rows, int64_t width, int64_t reduce, 
         const int64_t next = std::min(rows, r0 + mr + kMicroRows);
         if (n0 == 0) MoeMicroPrefetchRows(a + k0, lda * 2, r0 + mr, next, kc * 2);
         if (load_c) MoeMicroPrefetchRows(c + n0, ldc * 4, r0 + mr, next, cols * 4);
+        const bool packs = b_kn != nullptr && r0 == 0;
+        const DotKnSource src{packs ? b_kn + k0 * ldb + n0 : nullptr, ldb, cols, kc};
         DotBlockUpTo<kMicroRows>(mr, kc / 2, kc % 2 != 0, a + r0 * lda + k0, lda, panel,
-                                 c + r0 * ldc + n0, ldc, cols, load_c, pf);
+                                 c + r0 * ldc + n0, ldc, cols, load_c, pf, packs ? &src : nullptr);
         r0 += mr;
       }
     }
@@ -290,7 +370,19 @@ void MoeBf16DotPackB(int64_t width, int64_t reduce, const void* b, int64_t ldb, 
 void MoeBf16DotGemm(int64_t rows, int64_t width, int64_t reduce, const void* a, int64_t lda,
                     const void* b_packed, float* c, int64_t ldc, bool accumulate,
                     MoeMicroPrefetch* prefetch) {
+  // Only read: nothing is packed without B^T's rows.
+  MoeBf16DotGemmPackingKN(rows, width, reduce, a, lda, nullptr, 0, const_cast<void*>(b_packed), c, ldc,
+                          accumulate, prefetch);
+}
+
+void MoeBf16DotGemmPackingKN(int64_t rows, int64_t width, int64_t reduce, const void* a, int64_t lda,
+                             const void* b_kn, int64_t ldb, void* b_packed, float* c, int64_t ldc,
+                             bool accumulate, MoeMicroPrefetch* prefetch) {
 #if defined(GK_BF16DOT)
+  if (rows == 0) {  // nothing to multiply; B still packed when named
+    if (b_kn != nullptr) MoeBf16DotPackB(width, reduce, b_kn, ldb, /*kn=*/true, b_packed);
+    return;
+  }
   if (reduce == 0) {
     for (int64_t r = 0; r < rows && !accumulate; ++r) std::fill(c + r * ldc, c + r * ldc + width, 0.0f);
     return;
@@ -304,11 +396,12 @@ void MoeBf16DotGemm(int64_t rows, int64_t width, int64_t reduce, const void* a, 
   for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
     DotGemmRows(std::min(chunk_rows, rows - m0), width, reduce, kc_base,
                 static_cast<const uint16_t*>(a) + m0 * lda, lda, static_cast<const uint16_t*>(b_packed),
-                c + m0 * ldc, ldc, accumulate, prefetch);
+                c + m0 * ldc, ldc, accumulate, prefetch,
+                m0 == 0 ? static_cast<const uint16_t*>(b_kn) : nullptr, ldb);
   }
 #else
-  (void)rows, (void)width, (void)reduce, (void)a, (void)lda, (void)b_packed, (void)c, (void)ldc,
-      (void)accumulate, (void)prefetch;
+  (void)rows, (void)width, (void)reduce, (void)a, (void)lda, (void)b_kn, (void)ldb, (void)b_packed,
+      (void)c, (void)ldc, (void)accumulate, (void)prefetch;
   throw std::logic_error("bfloat16 dot-product kernel: not built for this CPU");
 #endif
 }

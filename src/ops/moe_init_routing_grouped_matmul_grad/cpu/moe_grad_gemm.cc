@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 
 #include "core/error.h"
 #include "core/plan_math.h"
@@ -63,6 +64,11 @@ class MicroTileGemm final : public MoeTileGemm {
   }
   std::string name() const override { return "gradkit"; }
   std::string impl(int64_t) const override {
+    if (dot_ && prepares_b_from_kn()) {
+      return fmt::format("bfloat16 dot-product microkernel {}x{} (AVX512-BF16), B packed from its "
+                         "[K, N] rows by each panel's first register block as it multiplies",
+                         kMoeBf16DotRows, kMoeBf16DotPanel);
+    }
     if (dot_) {
       return fmt::format("bfloat16 dot-product microkernel {}x{} (AVX512-BF16), B packed once per "
                          "block, the next block fetched meanwhile", kMoeBf16DotRows, kMoeBf16DotPanel);
@@ -100,7 +106,10 @@ class MicroTileGemm final : public MoeTileGemm {
     const void* PrepareBStrided(int64_t width, int64_t reduce, const void* b, int64_t ldb,
                                 bool kn) override {
       prefetch_ = MoeMicroPrefetch{};
-      if (gemm_.dot_) {
+      pending_ = Pending{};
+      if (gemm_.dot_ && kn) {  // packed by the next Run as it multiplies
+        pending_ = Pending{b, ldb, width, reduce};
+      } else if (gemm_.dot_) {
         MoeBf16DotPackB(width, reduce, b, ldb, kn, packed_);
       } else {
         MoeMicroPackB(gemm_.shape_.gemm_dtype, width, reduce, b, ldb, kn, packed_);
@@ -109,7 +118,10 @@ class MicroTileGemm final : public MoeTileGemm {
     }
     void PrefetchDuringRuns(const void* base, int64_t rows, int64_t row_bytes, int64_t stride,
                             int64_t macs) override {
-      if (!gemm_.shape_.streamed_b) return;
+      // A block packed on the way fetches its own rows a few ahead (MoeBf16DotGemmPackingKN);
+      // the next block streamed over these runs on top of that measured no faster, slower in a
+      // busy hour (docs/benchmarks.md, session 37).
+      if (!gemm_.shape_.streamed_b || pending_.b_kn != nullptr) return;
       const int64_t lines = rows * CeilDiv(row_bytes, int64_t{64});
       const int64_t block_macs = MoeMicroRowBlock() * MoeMicroPanelWidth() * kMoeMicroReduceBlock;
       const int64_t blocks = std::max<int64_t>(1, macs / block_macs);
@@ -126,7 +138,18 @@ class MicroTileGemm final : public MoeTileGemm {
     void RunStrided(int64_t rows, int64_t width, int64_t reduce, bool accumulate, const void* a,
                     int64_t lda, const void* b, float* c) override {
       if (gemm_.dot_) {
-        MoeBf16DotGemm(rows, width, reduce, a, lda, b, c, gemm_.shape_.ldc, accumulate, &prefetch_);
+        if (pending_.b_kn == nullptr || b != packed_) {
+          MoeBf16DotGemm(rows, width, reduce, a, lda, b, c, gemm_.shape_.ldc, accumulate, &prefetch_);
+          return;
+        }
+        const Pending pending = std::exchange(pending_, Pending{});
+        if (width == pending.width && reduce == pending.reduce) {
+          MoeBf16DotGemmPackingKN(rows, width, reduce, a, lda, pending.b_kn, pending.ldb, packed_, c,
+                                  gemm_.shape_.ldc, accumulate, &prefetch_);
+          return;
+        }
+        MoeBf16DotPackB(pending.width, pending.reduce, pending.b_kn, pending.ldb, /*kn=*/true, packed_);
+        MoeBf16DotGemm(rows, width, reduce, a, lda, packed_, c, gemm_.shape_.ldc, accumulate, &prefetch_);
         return;
       }
       MoeMicroGemm(gemm_.shape_.gemm_dtype, rows, width, reduce, a, lda,
@@ -141,6 +164,12 @@ class MicroTileGemm final : public MoeTileGemm {
     float* a_scratch_;
     bool final_c_ = false;
     MoeMicroPrefetch prefetch_;  // PrefetchDuringRuns', until the next PrepareB
+    // B^T's rows that PrepareBStrided named on the dot-product kernel, packed by the next Run on
+    // packed_ as it multiplies (the first register block of each panel stores what it uses).
+    struct Pending {
+      const void* b_kn = nullptr;
+      int64_t ldb = 0, width = 0, reduce = 0;
+    } pending_;
   };
   std::unique_ptr<Worker> MakeWorker(void* scratchpad) const override {
     return std::make_unique<MicroWorker>(*this, scratchpad);
