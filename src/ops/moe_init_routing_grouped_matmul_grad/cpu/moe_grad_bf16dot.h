@@ -3,7 +3,8 @@
 // accumulators) with bfloat16 operands read as they are, two reduction elements per instruction,
 // instead of widened to float32 first. For the CPUs that have the instruction but no AMX, where
 // oneDNN 2.6's bfloat16 brgemm packs each B block in a pass of its own: this kernel fetches the
-// next block while it multiplies (MoeMicroPrefetch), as the float32 micro-kernel does.
+// next block while it multiplies (MoeMicroPrefetch), as the float32 micro-kernel does, or packs B
+// from its [K, N] rows as it multiplies (MoeBf16DotGemmPackingKN), each row asked for a few ahead.
 // x86-64 only; elsewhere MoeBf16DotAvailable() is false and nothing here may be called.
 //
 // Packed B: panels of kMoeBf16DotPanel columns; panel j holds, for each pair of reduction

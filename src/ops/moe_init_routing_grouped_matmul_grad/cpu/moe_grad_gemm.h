@@ -157,7 +157,8 @@ class MoeTileGemm {
     // blocked layout its kernel reads; the own kernel: b itself). Without: b itself.
     virtual const void* PrepareB(int64_t width, int64_t reduce, const void* b) { return b; }
     // The same from B^T: [reduce, width] rows of stride shape.ldb_kn, packed in one pass (no
-    // transposed copy first). Only where prepares_b_from_kn().
+    // transposed copy first; bfloat16 on the dot-product kernel: packed by the next Run as it
+    // multiplies, so b_kn must stay valid until then). Only where prepares_b_from_kn().
     virtual const void* PrepareBFromKN(int64_t width, int64_t reduce, const void* b_kn) {
       (void)width, (void)reduce, (void)b_kn;
       return nullptr;
@@ -171,7 +172,9 @@ class MoeTileGemm {
     // Asks `rows` rows of `row_bytes` bytes, `stride` bytes apart, from `base` into the caches
     // while the Runs after it compute, spread over about `macs` multiply-adds of theirs (the own
     // kernel, shape.streamed_b: the next B block's weights, fetched behind the arithmetic instead
-    // of stalling the pass that packs them). Until the next PrepareB. A hint: no bit changes.
+    // of stalling the pass that packs them; ignored after a PrepareBFromKN on the dot-product
+    // kernel, whose packing register blocks fetch their rows themselves). Until the next
+    // PrepareB. A hint: no bit changes.
     virtual void PrefetchDuringRuns(const void* base, int64_t rows, int64_t row_bytes,
                                     int64_t stride, int64_t macs) {
       (void)base, (void)rows, (void)row_bytes, (void)stride, (void)macs;
