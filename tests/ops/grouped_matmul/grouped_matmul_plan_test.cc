@@ -184,6 +184,15 @@ TEST(grouped_matmul_plan, AutoTakesOneDnnWhereItHasBrgemm) {
         if (dtype == DType::kBF16 && own) {
           EXPECT_NE(machine.gemm_impls.front().second.find("dot-product"), std::string::npos)
               << machine.gemm_impls.front().second;
+          // [G, K, N] weights: each block packed from its rows as the kernel multiplies; [G, N, K]
+          // rows in a pass before.
+          EXPECT_NE(machine.gemm_impls.front().second.find("as it multiplies"), std::string::npos)
+              << machine.gemm_impls.front().second;
+          GroupedMatmulShape nk = shape;
+          nk.weight_nk = true;
+          const std::string nk_impl = DetectGroupedMatmulMachine(nk).gemm_impls.front().second;
+          EXPECT_NE(nk_impl.find("dot-product"), std::string::npos) << nk_impl;
+          EXPECT_EQ(nk_impl.find("as it multiplies"), std::string::npos) << nk_impl;
         }
       }
     }
