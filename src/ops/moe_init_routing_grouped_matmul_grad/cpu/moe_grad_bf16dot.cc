@@ -47,6 +47,19 @@ GK_BF16DOT_TARGET inline __m512i PairIndex(int half) {
   return _mm512_load_si512(index);
 }
 
+// A panel's pair from B^T's rows 2p (even) and 2p + 1 (odd), its 32 columns' two values side by
+// side, stored at `panel_pair` (two vectors); returned as the instruction reads them.
+GK_BF16DOT_TARGET __attribute__((always_inline)) inline void StorePair(__m512i even, __m512i odd,
+                                                                      __m512i lo_index, __m512i hi_index,
+                                                                      uint16_t* panel_pair, __m512bh& b0,
+                                                                      __m512bh& b1) {
+  const __m512i w0 = _mm512_permutex2var_epi16(even, lo_index, odd);
+  const __m512i w1 = _mm512_permutex2var_epi16(even, hi_index, odd);
+  _mm512_store_si512(panel_pair, w0);
+  _mm512_store_si512(panel_pair + kNr, w1);
+  b0 = (__m512bh)w0, b1 = (__m512bh)w1;
+}
+
 // Panel columns [n0, n0 + cols) of pairs [p0, p1) from B^T's rows (b[k * ldb + n], k < reduce).
 GK_BF16DOT_TARGET void PackPanelFromKN(const uint16_t* b, int64_t ldb, int64_t reduce, int64_t n0,
                                        int64_t cols, int64_t p0, int64_t p1, uint16_t* panel) {
@@ -56,8 +69,8 @@ GK_BF16DOT_TARGET void PackPanelFromKN(const uint16_t* b, int64_t ldb, int64_t r
     const __m512i even = _mm512_maskz_loadu_epi16(mask, b + 2 * p * ldb + n0);
     const __m512i odd = 2 * p + 1 < reduce ? _mm512_maskz_loadu_epi16(mask, b + (2 * p + 1) * ldb + n0)
                                            : _mm512_setzero_si512();
-    _mm512_store_si512(panel + p * kNr * 2, _mm512_permutex2var_epi16(even, lo, odd));
-    _mm512_store_si512(panel + p * kNr * 2 + kNr, _mm512_permutex2var_epi16(even, hi, odd));
+    __m512bh b0, b1;
+    StorePair(even, odd, lo, hi, panel + p * kNr * 2, b0, b1);
   }
 }
 
@@ -143,13 +156,11 @@ GK_BF16DOT_TARGET void PackFromRows(const uint16_t* b, int64_t ldb, int64_t widt
 }
 
 // One pair of reduction elements of MR rows (each row's pair one 32-bit word of A, at a_pair +
-// r ld bytes) times a panel's pair.
+// r ld bytes) times a panel's pair (b0, b1).
 template <int MR>
-GK_BF16DOT_TARGET __attribute__((always_inline)) inline void DotStep(const char* a_pair, int64_t ld,
-                                                                    const uint16_t* panel_pair,
+GK_BF16DOT_TARGET __attribute__((always_inline)) inline void DotPair(const char* a_pair, int64_t ld,
+                                                                    __m512bh b0, __m512bh b1,
                                                                     __m512 (&lo)[MR], __m512 (&hi)[MR]) {
-  const __m512bh b0 = (__m512bh)_mm512_load_si512(panel_pair);
-  const __m512bh b1 = (__m512bh)_mm512_load_si512(panel_pair + kNr);
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
     int32_t word;
@@ -161,10 +172,13 @@ GK_BF16DOT_TARGET __attribute__((always_inline)) inline void DotStep(const char*
 }
 
 // B^T's rows that a register block packs on the way (MoeBf16DotGemmPackingKN): row k of the
-// panel's `cols` columns at rows + k * ldb, `reduce` rows from the reduction block's first.
+// panel's `cols` columns at rows + k * ldb, `reduce` rows from the reduction block's first;
+// `mask` those columns, the indices StorePair's.
 struct DotKnSource {
   const uint16_t* rows;
   int64_t ldb, cols, reduce;
+  __mmask32 mask;
+  __m512i lo_index, hi_index;
 };
 
 // The packing register block asks for B^T's rows this many rows ahead of the pair it packs
@@ -173,38 +187,34 @@ struct DotKnSource {
 // GEMMs had them there in time (docs/benchmarks.md, session 37).
 constexpr int64_t kDotPackAheadRows = 16;
 
-// DotStep, the panel's pair first packed from B^T's rows 2p and 2p + 1 (as PackPanelFromKN) and
-// stored to `panel_pair`. The rows asked for ahead may lie past the block (a prefetch never
-// faults).
-template <int MR>
-GK_BF16DOT_TARGET __attribute__((always_inline)) inline void DotStepPacking(
-    const char* a_pair, int64_t ld, const DotKnSource& src, int64_t p, __mmask32 mask,
-    __m512i lo_index, __m512i hi_index, uint16_t* panel_pair, __m512 (&lo)[MR], __m512 (&hi)[MR]) {
-  const uint16_t* even_row = src.rows + 2 * p * src.ldb;
-  const char* ahead = reinterpret_cast<const char*>(even_row + kDotPackAheadRows * src.ldb);
-  const int64_t row_bytes = src.ldb * 2;
-  // Both lines of a panel's 64 bytes where the rows are not 64-byte aligned (one asked for
-  // alone ran S3 at 78% of the stream it replaced).
-  _mm_prefetch(ahead, _MM_HINT_T0);
-  _mm_prefetch(ahead + 63, _MM_HINT_T0);
-  _mm_prefetch(ahead + row_bytes, _MM_HINT_T0);
-  _mm_prefetch(ahead + row_bytes + 63, _MM_HINT_T0);
-  const __m512i even = _mm512_maskz_loadu_epi16(mask, even_row);
-  const __m512i odd = 2 * p + 1 < src.reduce ? _mm512_maskz_loadu_epi16(mask, even_row + src.ldb)
-                                             : _mm512_setzero_si512();
-  const __m512i w0 = _mm512_permutex2var_epi16(even, lo_index, odd);
-  const __m512i w1 = _mm512_permutex2var_epi16(even, hi_index, odd);
-  _mm512_store_si512(panel_pair, w0);
-  _mm512_store_si512(panel_pair + kNr, w1);
-  const __m512bh b0 = (__m512bh)w0, b1 = (__m512bh)w1;
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-    int32_t word;
-    std::memcpy(&word, a_pair + r * ld, 4);
-    const __m512bh av = (__m512bh)_mm512_set1_epi32(word);
-    lo[r] = _mm512_dpbf16_ps(lo[r], av, b0);
-    hi[r] = _mm512_dpbf16_ps(hi[r], av, b1);
+// Pair p of the panel times MR rows of A: read from the packed panel, or with kPack first packed
+// from B^T's rows 2p and 2p + 1 (as PackPanelFromKN) and stored there. The rows asked for ahead
+// may lie past the block (a prefetch never faults).
+template <int MR, bool kPack>
+GK_BF16DOT_TARGET __attribute__((always_inline)) inline void DotStep(const char* a_pair, int64_t ld,
+                                                                    const uint16_t* panel, int64_t p,
+                                                                    const DotKnSource* src,
+                                                                    __m512 (&lo)[MR], __m512 (&hi)[MR]) {
+  __m512bh b0, b1;
+  if constexpr (kPack) {
+    const uint16_t* even_row = src->rows + 2 * p * src->ldb;
+    const char* ahead = reinterpret_cast<const char*>(even_row + kDotPackAheadRows * src->ldb);
+    const int64_t row_bytes = src->ldb * 2;
+    // Both lines of a panel's 64 bytes where the rows are not 64-byte aligned (one asked for
+    // alone ran S3 at 78% of the stream it replaced).
+    _mm_prefetch(ahead, _MM_HINT_T0);
+    _mm_prefetch(ahead + 63, _MM_HINT_T0);
+    _mm_prefetch(ahead + row_bytes, _MM_HINT_T0);
+    _mm_prefetch(ahead + row_bytes + 63, _MM_HINT_T0);
+    const __m512i even = _mm512_maskz_loadu_epi16(src->mask, even_row);
+    const __m512i odd = 2 * p + 1 < src->reduce ? _mm512_maskz_loadu_epi16(src->mask, even_row + src->ldb)
+                                                : _mm512_setzero_si512();
+    StorePair(even, odd, src->lo_index, src->hi_index, const_cast<uint16_t*>(panel) + p * kNr * 2, b0, b1);
+  } else {
+    b0 = (__m512bh)_mm512_load_si512(panel + p * kNr * 2);
+    b1 = (__m512bh)_mm512_load_si512(panel + p * kNr * 2 + kNr);
   }
+  DotPair<MR>(a_pair, ld, b0, b1, lo, hi);
 }
 
 // C[MR, 32] (+)= A[MR, 2 pairs + odd] * panel, columns past `cols` neither read nor written.
@@ -225,38 +235,27 @@ GK_BF16DOT_TARGET __attribute__((noinline)) void DotTile(int64_t pairs, bool odd
   }
   const char* a_bytes = reinterpret_cast<const char*>(a);
   const int64_t ld = lda * 2;
+  // A local copy: the panel's stores could alias *src, whose fields would be read again per step.
+  DotKnSource local{};
+  if constexpr (kPack) local = *src;
+  src = &local;
   int64_t p = 0;
+  if (pf != nullptr && pf->per_block > 0) {
+    const int64_t every = std::max<int64_t>(1, pairs / pf->per_block);
+    for (int64_t n = 0; n < pf->per_block && MoeMicroAskNextLine(pf); ++n) {
+      for (const int64_t p1 = std::min(pairs, p + every); p < p1; ++p) {
+        DotStep<MR, kPack>(a_bytes + 4 * p, ld, panel, p, src, lo, hi);
+      }
+    }
+  }
+  for (; p < pairs; ++p) DotStep<MR, kPack>(a_bytes + 4 * p, ld, panel, p, src, lo, hi);
   if constexpr (kPack) {
-    const __mmask32 mask = src->cols >= 32 ? ~__mmask32{0} : (__mmask32{1} << src->cols) - 1;
-    const __m512i lo_index = PairIndex(0), hi_index = PairIndex(1);
-    uint16_t* out = const_cast<uint16_t*>(panel);
-    if (pf != nullptr && pf->per_block > 0) {
-      const int64_t every = std::max<int64_t>(1, pairs / pf->per_block);
-      for (int64_t n = 0; n < pf->per_block && MoeMicroAskNextLine(pf); ++n) {
-        for (const int64_t p1 = std::min(pairs, p + every); p < p1; ++p) {
-          DotStepPacking<MR>(a_bytes + 4 * p, ld, *src, p, mask, lo_index, hi_index, out + p * kNr * 2, lo, hi);
-        }
-      }
-    }
-    for (; p < pairs; ++p) {
-      DotStepPacking<MR>(a_bytes + 4 * p, ld, *src, p, mask, lo_index, hi_index, out + p * kNr * 2, lo, hi);
-    }
     if (odd) {  // the last element's pair: the row below it is past the reduction (zeros)
-      const __m512i even = _mm512_maskz_loadu_epi16(mask, src->rows + 2 * pairs * src->ldb);
-      const __m512i zero = _mm512_setzero_si512();
-      _mm512_store_si512(out + pairs * kNr * 2, _mm512_permutex2var_epi16(even, lo_index, zero));
-      _mm512_store_si512(out + pairs * kNr * 2 + kNr, _mm512_permutex2var_epi16(even, hi_index, zero));
+      const __m512i even = _mm512_maskz_loadu_epi16(src->mask, src->rows + 2 * pairs * src->ldb);
+      __m512bh b0, b1;
+      StorePair(even, _mm512_setzero_si512(), src->lo_index, src->hi_index,
+                const_cast<uint16_t*>(panel) + pairs * kNr * 2, b0, b1);
     }
-  } else {
-    if (pf != nullptr && pf->per_block > 0) {
-      const int64_t every = std::max<int64_t>(1, pairs / pf->per_block);
-      for (int64_t n = 0; n < pf->per_block && MoeMicroAskNextLine(pf); ++n) {
-        for (const int64_t p1 = std::min(pairs, p + every); p < p1; ++p) {
-          DotStep<MR>(a_bytes + 4 * p, ld, panel + p * kNr * 2, lo, hi);
-        }
-      }
-    }
-    for (; p < pairs; ++p) DotStep<MR>(a_bytes + 4 * p, ld, panel + p * kNr * 2, lo, hi);
   }
   if (odd) {  // the last element alone: its pair's second element (and the panel's) zero
     const __m512bh b0 = (__m512bh)_mm512_load_si512(panel + pairs * kNr * 2);
@@ -327,10 +326,14 @@ GK_BF16DOT_TARGET void DotGemmRows(int64_t rows, int64_t width, int64_t reduce, 
         const int64_t next = std::min(rows, r0 + mr + kMicroRows);
         if (n0 == 0) MoeMicroPrefetchRows(a + k0, lda * 2, r0 + mr, next, kc * 2);
         if (load_c) MoeMicroPrefetchRows(c + n0, ldc * 4, r0 + mr, next, cols * 4);
-        const bool packs = b_kn != nullptr && r0 == 0;
-        const DotKnSource src{packs ? b_kn + k0 * ldb + n0 : nullptr, ldb, cols, kc};
+        DotKnSource src{};
+        if (b_kn != nullptr && r0 == 0) {
+          src = {b_kn + k0 * ldb + n0, ldb, cols, kc,
+                 cols >= 32 ? ~__mmask32{0} : (__mmask32{1} << cols) - 1, PairIndex(0), PairIndex(1)};
+        }
         DotBlockUpTo<kMicroRows>(mr, kc / 2, kc % 2 != 0, a + r0 * lda + k0, lda, panel,
-                                 c + r0 * ldc + n0, ldc, cols, load_c, pf, packs ? &src : nullptr);
+                                 c + r0 * ldc + n0, ldc, cols, load_c, pf,
+                                 src.rows != nullptr ? &src : nullptr);
         r0 += mr;
       }
     }
