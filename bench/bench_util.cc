@@ -61,8 +61,8 @@ void Check(gkStatus status) {
   if (status != GK_SUCCESS) throw std::runtime_error(gkGetRecentErrMsg());
 }
 
-std::vector<uint8_t> HashedBuffer(int64_t elems, DType dtype, uint64_t seed, int32_t threads) {
-  std::vector<uint8_t> out(static_cast<size_t>(elems * ElementBytes(dtype)));
+AlignedBytes HashedBuffer(int64_t elems, DType dtype, uint64_t seed, int32_t threads) {
+  AlignedBytes out(static_cast<size_t>(elems * ElementBytes(dtype)));
   constexpr int64_t kBlock = 1 << 20;
   ParallelFor(threads, (elems + kBlock - 1) / kBlock, [&](int64_t block) {
     const int64_t end = std::min(elems, (block + 1) * kBlock);
@@ -75,7 +75,7 @@ std::vector<uint8_t> HashedBuffer(int64_t elems, DType dtype, uint64_t seed, int
   return out;
 }
 
-std::vector<float> ToF32(const std::vector<uint8_t>& buffer, DType dtype, int32_t threads) {
+std::vector<float> ToF32(const AlignedBytes& buffer, DType dtype, int32_t threads) {
   const int64_t elems = static_cast<int64_t>(buffer.size()) / ElementBytes(dtype);
   std::vector<float> out(static_cast<size_t>(elems));
   constexpr int64_t kBlock = 1 << 20;

@@ -41,27 +41,30 @@ void FillUniform(float* data, int64_t n, float low, float high, uint64_t seed);
 // Throws the library's message when a call failed.
 void Check(gkStatus status);
 
-// Reproducible values in [-1, 1) rounded to `dtype`, filled in parallel (weights reach 880 M
-// elements): a hash of the index, not a sequential generator.
-std::vector<uint8_t> HashedBuffer(int64_t elems, DType dtype, uint64_t seed, int32_t threads);
-
-// A buffer of `dtype` elements widened to float32, in parallel.
-std::vector<float> ToF32(const std::vector<uint8_t>& buffer, DType dtype, int32_t threads);
-
-// A dense tensor descriptor over caller-owned data, released with the handle.
 // Bytes from a 64-byte boundary, as PyTorch's and most allocators hand tensors out (a large
-// std::vector's data sits 16 bytes past a page: kernels' aligned-store paths would never run).
+// std::vector's data sits 16 bytes past a page: kernels' aligned paths would never run, e.g. the
+// float32 forward's weights read in place, moe_grad_microkernel.h's MoeMicroGemmKN).
 class AlignedBytes {
  public:
-  explicit AlignedBytes(size_t bytes, uint8_t fill = 0) : storage_(bytes + 64, fill) {}
-  uint8_t* data() {
-    const auto address = reinterpret_cast<uintptr_t>(storage_.data());
-    return storage_.data() + (64 - address % 64) % 64;
-  }
+  explicit AlignedBytes(size_t bytes, uint8_t fill = 0) : bytes_(bytes), storage_(bytes + 64, fill) {}
+  uint8_t* data() { return storage_.data() + Skip(); }
+  const uint8_t* data() const { return storage_.data() + Skip(); }
+  size_t size() const { return bytes_; }
 
  private:
+  size_t Skip() const { return (64 - reinterpret_cast<uintptr_t>(storage_.data()) % 64) % 64; }
+  size_t bytes_;
   std::vector<uint8_t> storage_;
 };
+
+// Reproducible values in [-1, 1) rounded to `dtype`, filled in parallel (weights reach 880 M
+// elements): a hash of the index, not a sequential generator. 64-byte aligned, as torch's.
+AlignedBytes HashedBuffer(int64_t elems, DType dtype, uint64_t seed, int32_t threads);
+
+// A buffer of `dtype` elements widened to float32, in parallel.
+std::vector<float> ToF32(const AlignedBytes& buffer, DType dtype, int32_t threads);
+
+// A dense tensor descriptor over caller-owned data, released with the handle.
 
 class TensorHandle {
  public:

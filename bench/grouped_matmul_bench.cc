@@ -42,13 +42,13 @@ GroupedMatmulBenchResult RunGroupedMatmulBenchCase(const MoeGradBenchCase& c, bo
   const int64_t elem = ElementBytes(c.dtype);
 
   const auto tokens = HashedBuffer(c.batch * k, c.dtype, 1, threads);
-  std::vector<uint8_t> expanded(static_cast<size_t>(m * k * elem));
+  AlignedBytes expanded(static_cast<size_t>(m * k * elem));
   for (int64_t i = 0; i < m; ++i) {
     std::memcpy(expanded.data() + i * k * elem, tokens.data() + routing.row_token[i] * k * elem,
                 static_cast<size_t>(k * elem));
   }
   // Forward: weight [G, K, N] (or [G, N, K]) and y [M, N]; weight grad: gradY [M, N] and
-  // gradWeight [G, K, N]. Outputs 64-byte aligned, as torch's tensors (AlignedBytes).
+  // gradWeight [G, K, N]. Every tensor 64-byte aligned, as torch's (AlignedBytes).
   const auto operand = weight_grad ? HashedBuffer(m * n, c.dtype, 2, threads)
                                    : HashedBuffer(g * k * n, c.dtype, 2, threads);
   AlignedBytes out(static_cast<size_t>(weight_grad ? g * k * n : m * n) * sizeof(float));

@@ -107,7 +107,7 @@ MoeGradBenchResult RunMoeGradBenchCase(const MoeGradBenchCase& c, double min_sec
     const void* b = w.data();
     if (c.dtype == DType::kF16) {
       constexpr int64_t kBlock = 1 << 18;
-      const auto convert = [&](const std::vector<uint8_t>& from, std::vector<float>& to) {
+      const auto convert = [&](const AlignedBytes& from, std::vector<float>& to) {
         const int64_t elems = static_cast<int64_t>(to.size());
         ParallelFor(threads, (elems + kBlock - 1) / kBlock, [&](int64_t blk) {
           const int64_t begin = blk * kBlock, count = std::min(kBlock, elems - begin);

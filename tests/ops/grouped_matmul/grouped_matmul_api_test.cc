@@ -186,6 +186,33 @@ TEST(grouped_matmul_api, EveryWeightFormGivesTheSameBytes) {
   }
 }
 
+// The weights' alignment changes no byte of y: float32 [K, N] weights whose k-block rows start
+// on 64-byte lines are read in place by the own kernel's streamed forward, where it runs
+// (MoeMicroGemmKN; packed otherwise: 16 bytes off, or a column block of part of a panel), and
+// the plan says which. K past kGroupedMatmulMaxWholeK streams float32 on every CPU; N 304 =
+// a 256-column block (whole panels of 32 on AVX-512, 16 elsewhere: read in place) and a
+// 48-column one (packed on AVX-512).
+TEST(grouped_matmul_api, ForwardBytesWhateverTheWeightsAlignment) {
+  const GmmCase c{"aligned_weights", 300, 1, 2, kGroupedMatmulMaxWholeK + 200, 304, 1.0, 0.5};
+  const GmmInputs in = MakeGmmInputs(c, DType::kF32, GmmValues::kRandom);
+  const GroupedMatmulRef ref = ForwardRef(in);
+  for (WeightForm form : {WeightForm::kGkn, WeightForm::kGnk}) {
+    GmmOptions o;
+    o.weight_form = form;
+    o.w_offset = 0;
+    const GmmOutput aligned = RunGroupedMatmul(in, o);
+    EXPECT_TRUE(MatchesRef(ref, aligned, false, "forward", 7));
+    for (int64_t offset : {4, 16, 36}) {
+      SCOPED_TRACE(::testing::Message() << "form " << static_cast<int>(form) << " offset " << offset);
+      o.w_offset = offset;
+      EXPECT_EQ(RunGroupedMatmul(in, o).bytes, aligned.bytes);
+    }
+    o.w_offset = 0;
+    o.threads = 3;
+    EXPECT_EQ(RunGroupedMatmul(in, o).bytes, aligned.bytes);
+  }
+}
+
 // topK 1..8, some slots dropped, gather-fused by both index types.
 TEST(grouped_matmul_api, TopKOneToEight) {
   for (int64_t top_k = 1; top_k <= 8; ++top_k) {

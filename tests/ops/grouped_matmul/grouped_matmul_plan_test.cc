@@ -194,6 +194,15 @@ TEST(grouped_matmul_plan, AutoTakesOneDnnWhereItHasBrgemm) {
           EXPECT_NE(nk_impl.find("dot-product"), std::string::npos) << nk_impl;
           EXPECT_EQ(nk_impl.find("as it multiplies"), std::string::npos) << nk_impl;
         }
+        if (dtype == DType::kF32 && own && streamed) {
+          // float32 [K, N] weights read in place where a column block is whole panels (N 256),
+          // packed where it is not (N 200: 200 = 6 x 32 + 8).
+          EXPECT_EQ(machine.gemm_impls.front().second.find("in place"), std::string::npos)
+              << machine.gemm_impls.front().second;
+          const std::string whole =
+              DetectGroupedMatmulMachine(Shape(op, 700, k, 256, 5, dtype)).gemm_impls.front().second;
+          EXPECT_NE(whole.find("B read in place"), std::string::npos) << whole;
+        }
       }
     }
   }

@@ -98,6 +98,9 @@ struct GmmOptions {
   // Weight grad: gradWeight placed this many bytes past a 64-byte boundary (a multiple of its
   // element size); -1: where its vector puts it.
   int64_t out_offset = -1;
+  // Forward: the weights (in the form's storage) placed this many bytes past a 64-byte boundary
+  // (a multiple of their element size); -1: where their vector puts them.
+  int64_t w_offset = -1;
 };
 
 // [G, A, B] -> [G, B, A] of elem-byte elements.
@@ -177,6 +180,14 @@ inline GmmOutput RunGroupedMatmul(const GmmInputs& in, const GmmOptions& o = {})
       w_strides = {c.k * c.n, 1, c.n};
       transpose = true;
       break;
+  }
+  std::vector<uint8_t> w_placed;
+  if (o.w_offset >= 0) {
+    w_placed.assign(in.w.size() + 128, 0);
+    const auto base = reinterpret_cast<uintptr_t>(w_placed.data());
+    uint8_t* at = w_placed.data() + (64 - base % 64) % 64 + o.w_offset;
+    std::memcpy(at, w_data, in.w.size());
+    w_data = at;
   }
   TensorGuard x_t(XDims(in, o), in.dtype, XData(in, o));
   TensorGuard w_t(w_dims, in.dtype, w_data, w_strides);

@@ -233,6 +233,50 @@ TEST_P(MoeMicroKernelTest, PrefetchChangesNoBit) {
   }
 }
 
+// float32 B^T's rows read in place (MoeMicroGemmKN: GroupedMatmul's [K, N] weights, nothing
+// packed) give the bits of the same B packed from those rows: every row count of RowCounts,
+// one to three whole panels, one and several reduction blocks, A dense in one block (the kernel's
+// in-loop stream, with lines asked for) or not, B's rows just past the width or more than 4 KiB
+// apart, C written or added to. A width of part of a panel is refused.
+TEST_P(MoeMicroKernelTest, KNRowsReadInPlaceAreTheSameBits) {
+  const int64_t nr = MoeMicroPanelWidth();
+  const int64_t kb = kMoeMicroReduceBlock;
+  const std::vector<float> elsewhere(4096, 1.0f);
+  for (int64_t rows : RowCounts()) {
+    for (int64_t width : {nr, 3 * nr}) {
+      for (int64_t reduce : {int64_t{7}, kb, 2 * kb + 40}) {
+        for (int64_t ld_kn : {width + 3, width + 1029}) {
+          SCOPED_TRACE(::testing::Message() << "rows " << rows << " width " << width << " reduce "
+                                            << reduce << " ld_kn " << ld_kn);
+          const int64_t lda = reduce == kb ? kb : reduce + 3;
+          const std::vector<uint16_t> a16 = Values(rows * lda, DType::kF32, static_cast<uint32_t>(rows + reduce));
+          const std::vector<uint16_t> kn16 =
+              Values(reduce * ld_kn, DType::kF32, static_cast<uint32_t>(width * 3 + ld_kn));
+          const auto* a = reinterpret_cast<const float*>(a16.data());
+          const auto* kn = reinterpret_cast<const float*>(kn16.data());
+          std::vector<float> packed(MoeMicroPackedBytes(width, reduce) / sizeof(float));
+          MoeMicroPackB(DType::kF32, width, reduce, kn, ld_kn, /*kn=*/true, packed.data());
+          const int64_t ldc = width + 5;
+          for (bool accumulate : {false, true}) {
+            std::vector<float> want(static_cast<size_t>(rows * ldc));
+            for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<float>(i % 7) - 3.0f;
+            std::vector<float> got = want;
+            MoeMicroGemm(DType::kF32, rows, width, reduce, a, lda, packed.data(), want.data(), ldc,
+                         accumulate, nullptr);
+            MoeMicroPrefetch prefetch{reinterpret_cast<const char*>(elsewhere.data()), 16, 200, 1024, 3};
+            MoeMicroGemmKN(rows, width, reduce, a, lda, kn, ld_kn, got.data(), ldc, accumulate,
+                           /*stream_c=*/false, &prefetch);
+            ASSERT_EQ(got, want) << "accumulate " << accumulate;
+          }
+        }
+      }
+    }
+  }
+  std::vector<float> c(64), b(64 * 64), a(64);
+  EXPECT_THROW(MoeMicroGemmKN(1, nr + 1, 1, a.data(), 1, b.data(), 64, c.data(), 64, false),
+               std::logic_error);
+}
+
 TEST_P(MoeMicroKernelTest, PackedFromRowsOrTransposeIsTheSamePanels) {
   const int64_t nr = MoeMicroPanelWidth();
   for (DType dtype : {DType::kF32, DType::kBF16}) {

@@ -63,7 +63,7 @@ class MicroTileGemm final : public MoeTileGemm {
                           static_cast<int64_t>(MoeMicroAScratchBytes(shape.gemm_dtype, shape.max_rows)), 64));
   }
   std::string name() const override { return "gradkit"; }
-  std::string impl(int64_t) const override {
+  std::string impl(int64_t width) const override {
     if (dot_ && prepares_b_from_kn()) {
       return fmt::format("bfloat16 dot-product microkernel {}x{} (AVX512-BF16), B packed from its "
                          "[K, N] rows by each panel's first register block as it multiplies",
@@ -72,6 +72,11 @@ class MicroTileGemm final : public MoeTileGemm {
     if (dot_) {
       return fmt::format("bfloat16 dot-product microkernel {}x{} (AVX512-BF16), B packed once per "
                          "block, the next block fetched meanwhile", kMoeBf16DotRows, kMoeBf16DotPanel);
+    }
+    if (shape_.streamed_b && ReadsKNInPlace(width)) {
+      return fmt::format("microkernel {}x{}, B read in place from its [K, N] rows where they start "
+                         "on 64-byte lines (else packed once per block), the next block fetched "
+                         "meanwhile", MoeMicroRowBlock(), MoeMicroPanelWidth());
     }
     if (shape_.streamed_b) {
       return fmt::format("microkernel {}x{}, B packed once per block, the next block fetched "
@@ -86,6 +91,17 @@ class MicroTileGemm final : public MoeTileGemm {
   bool packs_b() const override { return shape_.prepared_b; }
   bool prepares_b_from_kn() const override { return shape_.prepared_b && shape_.ldb_kn > 0; }
   bool takes_any_stride() const override { return true; }
+
+  // Whether float32 B^T rows of this width may be read in place (MoeMicroGemmKN) rather than
+  // packed: streamed blocks (fetched into L2 while the calls before them run, so a block's rows
+  // are read from there however far apart; packed from there they took 12% of GroupedMatmul's S3
+  // float32 samples, docs/benchmarks.md, session 38) in whole panels. The worker also asks each
+  // block's rows to start on 64-byte lines: 16 bytes off, a panel's run of a row spans one line
+  // more and every load splits across two (measured no faster than packing).
+  bool ReadsKNInPlace(int64_t width) const {
+    return !dot_ && shape_.gemm_dtype == DType::kF32 && shape_.streamed_b && shape_.ldb_kn > 0 &&
+           width % MoeMicroPanelWidth() == 0;
+  }
 
   class MicroWorker final : public Worker {
    public:
@@ -107,6 +123,13 @@ class MicroTileGemm final : public MoeTileGemm {
                                 bool kn) override {
       prefetch_ = MoeMicroPrefetch{};
       pending_ = Pending{};
+      in_place_ = InPlace{};
+      constexpr int64_t kLine = 64;
+      if (kn && gemm_.ReadsKNInPlace(width) && reinterpret_cast<uintptr_t>(b) % kLine == 0 &&
+          ldb * static_cast<int64_t>(sizeof(float)) % kLine == 0) {
+        in_place_ = InPlace{b, ldb};
+        return b;
+      }
       if (gemm_.dot_ && kn) {  // packed by the next Run as it multiplies
         pending_ = Pending{b, ldb, width, reduce};
       } else if (gemm_.dot_) {
@@ -152,6 +175,12 @@ class MicroTileGemm final : public MoeTileGemm {
         MoeBf16DotGemm(rows, width, reduce, a, lda, packed_, c, gemm_.shape_.ldc, accumulate, &prefetch_);
         return;
       }
+      if (b != nullptr && b == in_place_.b_kn) {
+        MoeMicroGemmKN(rows, width, reduce, static_cast<const float*>(a), lda,
+                       static_cast<const float*>(b), in_place_.ldb, c, gemm_.shape_.ldc, accumulate,
+                       final_c_, &prefetch_);
+        return;
+      }
       MoeMicroGemm(gemm_.shape_.gemm_dtype, rows, width, reduce, a, lda,
                    static_cast<const float*>(b), c, gemm_.shape_.ldc, accumulate, a_scratch_,
                    final_c_, &prefetch_);
@@ -170,6 +199,12 @@ class MicroTileGemm final : public MoeTileGemm {
       const void* b_kn = nullptr;
       int64_t ldb = 0, width = 0, reduce = 0;
     } pending_;
+    // float32 B^T's rows that PrepareBStrided handed back to be read in place
+    // (MicroTileGemm::ReadsKNInPlace), until the next PrepareB.
+    struct InPlace {
+      const void* b_kn = nullptr;
+      int64_t ldb = 0;
+    } in_place_;
   };
   std::unique_ptr<Worker> MakeWorker(void* scratchpad) const override {
     return std::make_unique<MicroWorker>(*this, scratchpad);

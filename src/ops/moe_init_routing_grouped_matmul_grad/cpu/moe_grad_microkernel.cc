@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 
 #include "core/cpu/convert-inl.h"
 #include "core/cpu/stream_copy.h"
@@ -219,8 +220,9 @@ HWY_INLINE void PrefetchNext(MoeMicroPrefetch* pf) {
   }
 }
 
-// C[MR, NR] (+)= A[MR, kc] (row stride lda) * panel[kc, NR]: MR x 2 accumulator vectors, one
-// fused multiply-add chain per element over k ascending.
+// C[MR, NR] (+)= A[MR, kc] (row stride lda) * panel[kc, NR] (row stride panel_ld: NR packed,
+// B^T's row stride read in place): MR x 2 accumulator vectors, one fused multiply-add chain per
+// element over k ascending.
 // With `stream`, C's rows go out by non-temporal stores (each row's NR values whole lines of an
 // aligned C, see MicroGemm).
 // kLda > 0: A's row stride is kLda (lda ignored): the rows are read at constant offsets from one
@@ -228,12 +230,12 @@ HWY_INLINE void PrefetchNext(MoeMicroPrefetch* pf) {
 // them, one every kc / per_block steps).
 template <int MR, int64_t kLda = 0>
 HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda,
-                            const float* HWY_RESTRICT panel, float* HWY_RESTRICT c, int64_t ldc,
-                            bool load_c, bool stream = false, MoeMicroPrefetch* pf = nullptr) {
+                            const float* HWY_RESTRICT panel, int64_t panel_ld,
+                            float* HWY_RESTRICT c, int64_t ldc, bool load_c, bool stream = false,
+                            MoeMicroPrefetch* pf = nullptr) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t nr = 2 * lanes;
   V lo[MR], hi[MR];
   for (int r = 0; r < MR; ++r) {
     lo[r] = load_c ? hn::LoadU(df, c + r * ldc) : hn::Zero(df);
@@ -241,8 +243,8 @@ HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda
   }
   if constexpr (kLda > 0) {
     const auto step = [&](int64_t k) {
-      const V b0 = hn::LoadU(df, panel + k * nr);
-      const V b1 = hn::LoadU(df, panel + k * nr + lanes);
+      const V b0 = hn::LoadU(df, panel + k * panel_ld);
+      const V b1 = hn::LoadU(df, panel + k * panel_ld + lanes);
       for (int r = 0; r < MR; ++r) {
         const V av = hn::Set(df, a[r * kLda + k]);
         lo[r] = hn::MulAdd(av, b0, lo[r]);
@@ -261,8 +263,8 @@ HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda
     const float* row[MR];
     for (int r = 0; r < MR; ++r) row[r] = a + r * lda;
     for (int64_t k = 0; k < kc; ++k) {
-      const V b0 = hn::LoadU(df, panel + k * nr);
-      const V b1 = hn::LoadU(df, panel + k * nr + lanes);
+      const V b0 = hn::LoadU(df, panel + k * panel_ld);
+      const V b1 = hn::LoadU(df, panel + k * panel_ld + lanes);
       for (int r = 0; r < MR; ++r) {
         const V av = hn::Set(df, row[r][k]);
         lo[r] = hn::MulAdd(av, b0, lo[r]);
@@ -285,47 +287,49 @@ HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda
 
 template <int MR>
 HWY_NOINLINE void MicroBlockNarrow(int64_t kc, const float* a, int64_t lda, const float* panel,
-                                   float* c, int64_t ldc, int64_t cols, bool load_c,
-                                   MoeMicroPrefetch* pf);
+                                   int64_t panel_ld, float* c, int64_t ldc, int64_t cols,
+                                   bool load_c, MoeMicroPrefetch* pf);
 
 // A register block of MR rows and `cols` <= NR columns: a narrower panel runs through a local
 // tile (its padding columns are zeros in the panel, their sums dropped; C by plain stores).
 template <int MR>
-HWY_INLINE void MicroBlock(int64_t kc, const float* a, int64_t lda, const float* panel, float* c,
-                           int64_t ldc, int64_t cols, bool load_c, bool stream,
-                           MoeMicroPrefetch* pf) {
+HWY_INLINE void MicroBlock(int64_t kc, const float* a, int64_t lda, const float* panel,
+                           int64_t panel_ld, float* c, int64_t ldc, int64_t cols, bool load_c,
+                           bool stream, MoeMicroPrefetch* pf) {
   if (cols == MicroPanelWidth()) {
     if constexpr (MR == kMicroRows) {
       if (pf != nullptr && lda == kKc) {  // rows at constant offsets: the stream in the loop
-        MicroTile<MR, kKc>(kc, a, lda, panel, c, ldc, load_c, stream, pf);
+        MicroTile<MR, kKc>(kc, a, lda, panel, panel_ld, c, ldc, load_c, stream, pf);
         return;
       }
     }
     PrefetchNext(pf);
-    MicroTile<MR>(kc, a, lda, panel, c, ldc, load_c, stream);
+    MicroTile<MR>(kc, a, lda, panel, panel_ld, c, ldc, load_c, stream);
   } else {
-    MicroBlockNarrow<MR>(kc, a, lda, panel, c, ldc, cols, load_c, pf);
+    MicroBlockNarrow<MR>(kc, a, lda, panel, panel_ld, c, ldc, cols, load_c, pf);
   }
 }
 
 template <int MR>
 HWY_NOINLINE void MicroBlockNarrow(int64_t kc, const float* a, int64_t lda, const float* panel,
-                                   float* c, int64_t ldc, int64_t cols, bool load_c,
-                                   MoeMicroPrefetch* pf) {
+                                   int64_t panel_ld, float* c, int64_t ldc, int64_t cols,
+                                   bool load_c, MoeMicroPrefetch* pf) {
   const int64_t nr = MicroPanelWidth();
   HWY_ALIGN float tile[kMicroRows * 2 * HWY_LANES(float)] = {};
   for (int r = 0; r < MR && load_c; ++r) std::memcpy(tile + r * nr, c + r * ldc, cols * sizeof(float));
   PrefetchNext(pf);
-  MicroTile<MR>(kc, a, lda, panel, tile, nr, load_c);
+  MicroTile<MR>(kc, a, lda, panel, panel_ld, tile, nr, load_c);
   for (int r = 0; r < MR; ++r) std::memcpy(c + r * ldc, tile + r * nr, cols * sizeof(float));
 }
 
 // Rows [0, rows) of a call (one chunk of MicroGemm's): the reduction in blocks of kc_base, each
-// block's panels in turn over every row block.
+// block's panels in turn over every row block. b_ld 0: b packed (panels); else b is B^T's float32
+// rows of that stride, read in place (whole panels only).
 HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce,
-                                int64_t kc_base, const void* a, int64_t lda, const float* b_packed,
-                                float* c, int64_t ldc, bool accumulate, float* a_scratch,
-                                bool stream_c, int64_t block, MoeMicroPrefetch* pf) {
+                                int64_t kc_base, const void* a, int64_t lda, const float* b,
+                                int64_t b_ld, float* c, int64_t ldc, bool accumulate,
+                                float* a_scratch, bool stream_c, int64_t block,
+                                MoeMicroPrefetch* pf) {
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   const int64_t nr = 2 * lanes;
@@ -355,7 +359,8 @@ HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, i
     const bool load_c = accumulate || kb > 0;
     const bool stream = stream_c && kb == k_blocks - 1;  // C's final values
     for (int64_t n0 = 0; n0 < width; n0 += nr) {
-      const float* panel = b_packed + n0 * reduce + k0 * nr;
+      const float* panel = b_ld > 0 ? b + k0 * b_ld + n0 : b + n0 * reduce + k0 * nr;
+      const int64_t panel_ld = b_ld > 0 ? b_ld : nr;
       const int64_t cols = std::min(nr, width - n0);
       // Blocks of `block` rows; a remainder of 1 to 3 rows takes the last full block with it,
       // and what is left runs in blocks of 6, then 4 + 3, 4 + 4 or 4 + 5 for 7 to 9 rows: blocks
@@ -370,9 +375,9 @@ HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, i
         const float* a_rows = a_block + r0 * a_ld;
         float* c_rows = c + r0 * ldc + n0;
         if (block == kMicroRows) {
-          MicroBlock<kMicroRows>(kc, a_rows, a_ld, panel, c_rows, ldc, cols, load_c, stream, pf);
+          MicroBlock<kMicroRows>(kc, a_rows, a_ld, panel, panel_ld, c_rows, ldc, cols, load_c, stream, pf);
         } else {
-          MicroBlock<kMicroRowsStrided>(kc, a_rows, a_ld, panel, c_rows, ldc, cols, load_c, stream, pf);
+          MicroBlock<kMicroRowsStrided>(kc, a_rows, a_ld, panel, panel_ld, c_rows, ldc, cols, load_c, stream, pf);
         }
       }
       int64_t r0 = full * block;
@@ -382,12 +387,12 @@ HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, i
         const float* a_rest = a_block + r0 * a_ld;
         float* c_rest = c + r0 * ldc + n0;
         switch (mr) {
-          case 6: MicroBlock<6>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream, pf); break;
-          case 5: MicroBlock<5>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream, pf); break;
-          case 4: MicroBlock<4>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream, pf); break;
-          case 3: MicroBlock<3>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream, pf); break;
-          case 2: MicroBlock<2>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream, pf); break;
-          default: MicroBlock<1>(kc, a_rest, a_ld, panel, c_rest, ldc, cols, load_c, stream, pf); break;
+          case 6: MicroBlock<6>(kc, a_rest, a_ld, panel, panel_ld, c_rest, ldc, cols, load_c, stream, pf); break;
+          case 5: MicroBlock<5>(kc, a_rest, a_ld, panel, panel_ld, c_rest, ldc, cols, load_c, stream, pf); break;
+          case 4: MicroBlock<4>(kc, a_rest, a_ld, panel, panel_ld, c_rest, ldc, cols, load_c, stream, pf); break;
+          case 3: MicroBlock<3>(kc, a_rest, a_ld, panel, panel_ld, c_rest, ldc, cols, load_c, stream, pf); break;
+          case 2: MicroBlock<2>(kc, a_rest, a_ld, panel, panel_ld, c_rest, ldc, cols, load_c, stream, pf); break;
+          default: MicroBlock<1>(kc, a_rest, a_ld, panel, panel_ld, c_rest, ldc, cols, load_c, stream, pf); break;
         }
         r0 += mr;
       }
@@ -397,7 +402,7 @@ HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, i
 
 
 HWY_NOINLINE void MicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce,
-                            const void* a, int64_t lda, const float* b_packed, float* c,
+                            const void* a, int64_t lda, const float* b, int64_t b_ld, float* c,
                             int64_t ldc, bool accumulate, float* a_scratch, bool stream_c,
                             MoeMicroPrefetch* pf) {
   if (reduce == 0) {
@@ -422,7 +427,7 @@ HWY_NOINLINE void MicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64
   const int64_t elem = gemm_dtype == DType::kBF16 ? 2 : 4;
   for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
     MicroGemmRows(gemm_dtype, std::min(chunk_rows, rows - m0), width, reduce, kc_base,
-                  static_cast<const char*>(a) + m0 * lda * elem, lda, b_packed, c + m0 * ldc, ldc,
+                  static_cast<const char*>(a) + m0 * lda * elem, lda, b, b_ld, c + m0 * ldc, ldc,
                   accumulate, a_scratch, stream_c, block, pf);
   }
   if (stream_c) hwy::FlushStream();  // ordered before whatever the caller does next
@@ -460,8 +465,18 @@ void MoeMicroPackB(DType gemm_dtype, int64_t width, int64_t reduce, const void* 
 void MoeMicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce, const void* a,
                   int64_t lda, const float* b_packed, float* c, int64_t ldc, bool accumulate,
                   float* a_scratch, bool stream_c, MoeMicroPrefetch* prefetch) {
-  HWY_DYNAMIC_DISPATCH(MicroGemm)(gemm_dtype, rows, width, reduce, a, lda, b_packed, c, ldc,
+  HWY_DYNAMIC_DISPATCH(MicroGemm)(gemm_dtype, rows, width, reduce, a, lda, b_packed, 0, c, ldc,
                                   accumulate, a_scratch, stream_c, prefetch);
+}
+
+void MoeMicroGemmKN(int64_t rows, int64_t width, int64_t reduce, const float* a, int64_t lda,
+                    const float* b_kn, int64_t ldb_kn, float* c, int64_t ldc, bool accumulate,
+                    bool stream_c, MoeMicroPrefetch* prefetch) {
+  if (width % MoeMicroPanelWidth() != 0 || ldb_kn < width) {
+    throw std::logic_error("MoeMicroGemmKN: whole panels of B^T rows only");
+  }
+  HWY_DYNAMIC_DISPATCH(MicroGemm)(DType::kF32, rows, width, reduce, a, lda, b_kn, ldb_kn, c, ldc,
+                                  accumulate, nullptr, stream_c, prefetch);
 }
 
 }  // namespace gk

@@ -7,7 +7,8 @@
 //
 // Packed B: panels of PanelWidth() columns (two vectors of float32), each [reduce, PanelWidth()]
 // row-major, float32 whatever the GEMM dtype (bfloat16 widened exactly once, at packing), zero
-// past `width`:  packed[(n / NR) * reduce * NR + k * NR + n % NR] = B(k, n).
+// past `width`:  packed[(n / NR) * reduce * NR + k * NR + n % NR] = B(k, n). (Or, float32 B^T's
+// rows read in place, MoeMicroGemmKN: a panel is then NR columns of those rows.)
 //
 // Sums: every C element is one chain of fused multiply-adds over k in ascending order, started
 // from 0 (or from C with `accumulate`), whatever the row count, the row blocking and the
@@ -92,5 +93,16 @@ inline void MoeMicroPrefetchRows(const void* base, int64_t stride, int64_t r0, i
 void MoeMicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce, const void* a,
                   int64_t lda, const float* b_packed, float* c, int64_t ldc, bool accumulate,
                   float* a_scratch, bool stream_c = false, MoeMicroPrefetch* prefetch = nullptr);
+
+// MoeMicroGemm's float32 sums (the same bits) with B read in place, nothing packed: b_kn is B's
+// transpose, [reduce, width] float32 rows of stride ldb_kn (b_kn[k * ldb_kn + n]; GroupedMatmul's
+// [K, N] weights), each panel's NR values of a reduction element one contiguous run of a row.
+// Every panel whole: width a multiple of MoeMicroPanelWidth() (else std::logic_error). Rows far
+// apart share L1's sets, so this serves where a k-block of B is L2-resident (fetched during the
+// calls before, MoeMicroPrefetch) and its rows start on 64-byte lines (a run of NR values then
+// spans whole lines, not one more); see MicroTileGemm in moe_grad_gemm.cc for where it runs.
+void MoeMicroGemmKN(int64_t rows, int64_t width, int64_t reduce, const float* a, int64_t lda,
+                    const float* b_kn, int64_t ldb_kn, float* c, int64_t ldc, bool accumulate,
+                    bool stream_c = false, MoeMicroPrefetch* prefetch = nullptr);
 
 }  // namespace gk
