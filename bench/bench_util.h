@@ -65,7 +65,6 @@ AlignedBytes HashedBuffer(int64_t elems, DType dtype, uint64_t seed, int32_t thr
 std::vector<float> ToF32(const AlignedBytes& buffer, DType dtype, int32_t threads);
 
 // A dense tensor descriptor over caller-owned data, released with the handle.
-
 class TensorHandle {
  public:
   TensorHandle(const std::vector<int64_t>& dims, DType dtype, const void* data);

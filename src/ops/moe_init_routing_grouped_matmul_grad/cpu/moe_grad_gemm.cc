@@ -94,13 +94,15 @@ class MicroTileGemm final : public MoeTileGemm {
 
   // Whether float32 B^T rows of this width may be read in place (MoeMicroGemmKN) rather than
   // packed: streamed blocks (fetched into L2 while the calls before them run, so a block's rows
-  // are read from there however far apart; packed from there they took 12% of GroupedMatmul's S3
-  // float32 samples, docs/benchmarks.md, session 38) in whole panels. The worker also asks each
-  // block's rows to start on 64-byte lines: 16 bytes off, a panel's run of a row spans one line
-  // more and every load splits across two (measured no faster than packing).
+  // are read from there however far apart; packing them took 12% of GroupedMatmul's S3 float32
+  // samples, docs/benchmarks.md, session 38) in whole panels, on the CPUs where the streamed
+  // float32 kernel was measured (MoeOwnStreamedOutrunsBrgemm: Zen 5; elsewhere, AVX2 hosts
+  // included, the packing stays). The worker also asks each block's rows to start on 64-byte
+  // lines: 16 bytes off, a panel's run of a row spans one line more and every load splits
+  // across two (measured no faster than packing).
   bool ReadsKNInPlace(int64_t width) const {
-    return !dot_ && shape_.gemm_dtype == DType::kF32 && shape_.streamed_b && shape_.ldb_kn > 0 &&
-           width % MoeMicroPanelWidth() == 0;
+    return kn_in_place_cpu_ && !dot_ && shape_.gemm_dtype == DType::kF32 && shape_.streamed_b &&
+           shape_.ldb_kn > 0 && width % MoeMicroPanelWidth() == 0;
   }
 
   class MicroWorker final : public Worker {
@@ -214,6 +216,7 @@ class MicroTileGemm final : public MoeTileGemm {
   MoeTileGemmShape shape_;
   // bfloat16 on the dot-product kernel (moe_grad_bf16dot.h): streamed B where the CPU has it.
   bool dot_;
+  bool kn_in_place_cpu_ = MoeOwnStreamedOutrunsBrgemm(DetectCpuIdentity());  // ReadsKNInPlace
   uint64_t packed_bytes_ = 0, a_bytes_ = 0;
 };
 
