@@ -158,7 +158,9 @@ class MoeTileGemm {
     virtual const void* PrepareB(int64_t width, int64_t reduce, const void* b) { return b; }
     // The same from B^T: [reduce, width] rows of stride shape.ldb_kn, packed in one pass (no
     // transposed copy first; bfloat16 on the dot-product kernel: packed by the next Run as it
-    // multiplies, so b_kn must stay valid until then). Only where prepares_b_from_kn().
+    // multiplies, so b_kn must stay valid until then; streamed float32 on the own kernel, whole
+    // panels starting on 64-byte lines: b_kn itself, read in place by every Run until the next
+    // PrepareB, see MoeMicroGemmKN). Only where prepares_b_from_kn().
     virtual const void* PrepareBFromKN(int64_t width, int64_t reduce, const void* b_kn) {
       (void)width, (void)reduce, (void)b_kn;
       return nullptr;
