@@ -103,6 +103,17 @@ struct GmmOptions {
   int64_t w_offset = -1;
 };
 
+// `bytes` of src copied `offset` bytes past a 64-byte boundary inside `storage` (resized, its
+// other bytes `fill`): where the copy starts.
+inline uint8_t* PlacePastLine(std::vector<uint8_t>& storage, const void* src, size_t bytes,
+                              int64_t offset, uint8_t fill) {
+  storage.assign(bytes + 256, fill);
+  const auto base = reinterpret_cast<uintptr_t>(storage.data());
+  uint8_t* at = storage.data() + (64 - base % 64) % 64 + offset;
+  std::memcpy(at, src, bytes);
+  return at;
+}
+
 // [G, A, B] -> [G, B, A] of elem-byte elements.
 inline std::vector<uint8_t> SwapLastTwo(const std::vector<uint8_t>& src, int64_t g, int64_t a,
                                         int64_t b, int64_t elem) {
@@ -182,13 +193,7 @@ inline GmmOutput RunGroupedMatmul(const GmmInputs& in, const GmmOptions& o = {})
       break;
   }
   std::vector<uint8_t> w_placed;
-  if (o.w_offset >= 0) {
-    w_placed.assign(in.w.size() + 128, 0);
-    const auto base = reinterpret_cast<uintptr_t>(w_placed.data());
-    uint8_t* at = w_placed.data() + (64 - base % 64) % 64 + o.w_offset;
-    std::memcpy(at, w_data, in.w.size());
-    w_data = at;
-  }
+  if (o.w_offset >= 0) w_data = PlacePastLine(w_placed, w_data, in.w.size(), o.w_offset, 0);
   TensorGuard x_t(XDims(in, o), in.dtype, XData(in, o));
   TensorGuard w_t(w_dims, in.dtype, w_data, w_strides);
   const RoutingArgs routing(in, o);
@@ -225,12 +230,7 @@ inline GmmOutput RunWeightGrad(const GmmInputs& in, const GmmOptions& o = {},
   // With out_offset: gradWeight inside a larger buffer of 0xA5 guard bytes, copied out after.
   std::vector<uint8_t> placed;
   uint8_t* out = dw.bytes.data();
-  if (o.out_offset >= 0) {
-    placed.assign(dw.bytes.size() + 256, 0xA5);
-    const auto base = reinterpret_cast<uintptr_t>(placed.data());
-    out = placed.data() + (64 - base % 64) % 64 + o.out_offset;
-    std::memcpy(out, dw.bytes.data(), dw.bytes.size());
-  }
+  if (o.out_offset >= 0) out = PlacePastLine(placed, dw.bytes.data(), dw.bytes.size(), o.out_offset, 0xA5);
   TensorGuard dw_t({c.g, c.k, c.n}, dw.dtype, out);
   EXPECT_EQ(gkSetNumThreads(o.threads), GK_SUCCESS);
   uint64_t workspace_size = 0;
