@@ -321,7 +321,7 @@ std::string MoeGradPlanToJson(const MoeGradPlan& p) {
       "\"threads\": {}, \"machine_threads\": {}, \"work_split\": {{\"col_blocks\": {}, \"last_block_cols\": {}, "
       "\"token_chunks\": {}, \"tokens_per_chunk\": {}, \"units\": {}, \"order\": "
       "\"round_robin\", \"planned_for_threads\": {}, \"units_per_thread_max\": {}, "
-      "\"load_balance\": {:.3f}}}, \"thread_bytes\": {}, "
+      "\"load_balance\": {:.3f}, \"whole_blocks\": {}}}, \"thread_bytes\": {}, "
       "\"workspace\": {{\"alignment\": {}, \"matmul_out_ring\": {}, \"a_tiles\": {}, "
       "\"b_tiles\": {}, \"system\": {}, \"group_offsets\": {}, \"row_token\": {}, "
       "\"chunk_starts\": {}, \"chunk_rows\": {}, \"end\": {}}}, \"workspace_bytes\": {}, "
@@ -329,7 +329,7 @@ std::string MoeGradPlanToJson(const MoeGradPlan& p) {
       DTypeName(s.dtype), DTypeName(p.gemm_dtype), p.gemm_backend, impls, s.m, s.n, s.k, s.g, s.l,
       s.batch, s.top_k, s.weight_nk ? "GNK" : "GKN", RowIdxTypeName(s.row_idx_type), GroupListTypeName(s.group_list_type),
       p.base_m, p.base_n, p.base_k, p.k_blocks, p.last_k, p.row_granule, p.gemm_any_stride, p.b_copied, p.parall_num, p.threads, p.machine_threads, p.col_blocks,
-      p.last_block_cols, p.token_chunks, p.tokens_per_chunk, p.units, kMoeGradPlannedThreads, p.UnitsOfThread(0), p.LoadBalance(p.machine_threads), p.thread_bytes,
+      p.last_block_cols, p.token_chunks, p.tokens_per_chunk, p.units, kMoeGradPlannedThreads, p.UnitsOfThread(0), p.LoadBalance(p.machine_threads), p.WholeBlocks(), p.thread_bytes,
       kMoeGradAlignment, region(l.matmul_out_ring), region(l.a_tiles), region(l.b_tiles),
       region(l.system), region(l.group_offsets), region(l.row_token), region(l.chunk_starts),
       region(l.chunk_rows), l.end, p.workspace_bytes,

@@ -120,6 +120,14 @@ struct MoeGradPlan {
   uint64_t workspace_bytes;   // layout.end + kMoeGradAlignment (to align the caller's pointer)
 
   int64_t UnitsOfThread(int32_t t) const { return t < units % threads ? units / threads + 1 : units / threads; }
+  // The thread of unit (chunk, block): round robin over u = chunk * col_blocks + block.
+  int32_t ThreadOfUnit(int64_t chunk, int64_t block) const {
+    return static_cast<int32_t>((chunk * col_blocks + block) % threads);
+  }
+  // Whether one thread owns a column block's unit of every chunk, for every block: one chunk, or
+  // threads dividing col_blocks (2, 4, 8 or 16 threads at S1-S4). The executor then runs an
+  // expert's rows of all chunks as one range (whole_blocks in the plan's JSON).
+  bool WholeBlocks() const { return token_chunks == 1 || col_blocks % threads == 0; }
   // Max over mean units per thread of the static schedule on `t` threads (idle threads count).
   double LoadBalance(int32_t t) const;
   bool operator==(const MoeGradPlan&) const = default;

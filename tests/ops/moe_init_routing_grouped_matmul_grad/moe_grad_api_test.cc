@@ -172,7 +172,9 @@ TEST(moe_grad_api, GatherEntriesPastMAreIgnoredAndInt32IndicesWork) {
 
 // Determinism: the same bytes on every run and for 1, 2, 3 and 4 threads, with random inputs
 // (where the order of float additions shows). The cases cover one and several token chunks,
-// one and several k-blocks (checked against the plan, so that each path is the one tested).
+// one and several k-blocks (checked against the plan, so that each path is the one tested), and
+// with several chunks both an expert's rows run as one range (MoeGradPlan::WholeBlocks) and
+// chunk by chunk, among the thread counts.
 TEST(moe_grad_api, BitIdenticalAcrossRunsAndThreadCounts) {
   const MoeCase cases[] = {{"one_chunk", 100, 4, 9, 600, 200, 0.9},
                            {"chunks", 700, 4, 3, 600, 200, 0.9},
@@ -188,6 +190,11 @@ TEST(moe_grad_api, BitIdenticalAcrossRunsAndThreadCounts) {
           ChooseMoeGradTiles(shape, DetectMoeGradMachine(shape).gemm_any_stride);
       EXPECT_EQ(tiles.token_chunks > 1, c.name != "one_chunk");
       EXPECT_EQ(tiles.k_blocks > 1, c.name == "chunks_and_k_blocks");
+      if (tiles.token_chunks > 1) {  // 1 thread runs whole blocks; some thread count does not
+        bool chunk_by_chunk = false;
+        for (int64_t threads : {2, 3, 4}) chunk_by_chunk = chunk_by_chunk || tiles.col_blocks % threads != 0;
+        EXPECT_TRUE(chunk_by_chunk) << tiles.col_blocks << " column blocks";
+      }
       MoeRunOptions o{1, GK_GROUP_LIST_COUNT};
       o.threads = 1;
       const auto reference = RunMoeGrad(in, o);

@@ -426,6 +426,83 @@ TEST(moe_grad_gemm, TailCallsRunAnyRowCount) {
   }
 }
 
+// What the fused op's whole blocks rest on (MoeTileGemm::rows_independent): where a GEMM says so
+// for a width, a row of C gets the bits of the full-height call whatever the call's row count
+// and the rows around it, over every reduction step (the later ones accumulating). The tile GEMMs
+// of fused-op shapes (the presets' widths and reductions, k-blocks, a narrow last column block)
+// for every GRADKIT_GEMM choice and GEMM dtype; row counts around the register blocks and
+// granules, at the top and the bottom of the tile. Widths that do not say so are skipped (and
+// counted: the narrow last blocks of 16, 32 and 88 columns run on oneDNN 2.6's gemm:jit); the own
+// kernels say so for every width.
+TEST(moe_grad_gemm, RowsIndependentGemmsGiveEachRowItsBits) {
+  const int64_t shapes[][5] = {{4096, 2, 8, 2048, 1408}, {2048, 8, 64, 2048, 768}, {1024, 8, 60, 7168, 2048},
+                               {300, 4, 3, 160, 3200}, {700, 4, 3, 600, 200}, {300, 4, 3, 272, 1408},
+                               {300, 4, 3, 48, 200}};  // batch, topK, G, K, N
+  int64_t checked = 0, skipped = 0;
+  for (const char* choice : {"onednn", "gradkit"}) {
+    const EnvScope scope("GRADKIT_GEMM", choice);
+    for (const auto& [batch, top_k, g, k, n] : shapes) {
+      for (DType dtype : {DType::kF32, DType::kBF16}) {
+        MoeGradShape s{};
+        s.batch = batch, s.top_k = top_k, s.g = g, s.k = k, s.n = n, s.m = batch * top_k, s.l = s.m;
+        s.dtype = dtype, s.index_dtype = DType::kI64;
+        s.row_idx_type = RowIdxType::kGather, s.group_list_type = GroupListType::kCount;
+        const MoeGradGemm made = CreateMoeGradGemm(s);
+        const MoeTileGemmShape& shape = made.shape;
+        const MoeTileGemm& gemm = *made.gemm;
+        std::vector<char> scratch(gemm.scratchpad_bytes() + 64);  // 64-byte aligned, as the workspace
+        const auto worker = gemm.MakeWorker(
+            scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64);
+        const int64_t elem = ElementBytes(shape.gemm_dtype), max_rows = shape.max_rows;
+        const int64_t granule = gemm.row_granule();
+        for (const int64_t width : shape.widths) {
+          SCOPED_TRACE(::testing::Message() << choice << " " << gemm.impl(width) << " " << DTypeName(dtype)
+                                            << " K " << k << " N " << n << " width " << width);
+          if (gemm.name() == "gradkit") EXPECT_TRUE(gemm.rows_independent(width));  // one chain each
+          if (!gemm.rows_independent(width)) {
+            ++skipped;
+            continue;
+          }
+          std::vector<std::vector<uint16_t>> a, b;
+          for (size_t step = 0; step < shape.steps.size(); ++step) {
+            const int64_t reduce = shape.steps[step].reduce;
+            a.push_back(Values(max_rows * shape.LdaOf(reduce), shape.gemm_dtype, 11 + static_cast<uint32_t>(step)));
+            b.push_back(Values(width * shape.LdbOf(reduce), shape.gemm_dtype, 23 + static_cast<uint32_t>(step)));
+          }
+          const auto run = [&](int64_t r0, int64_t rows) {
+            std::vector<float> c(static_cast<size_t>(max_rows * shape.ldc), -7.0f);
+            for (size_t step = 0; step < shape.steps.size(); ++step) {
+              const auto& [reduce, accumulate] = shape.steps[step];
+              const void* packed = worker->PrepareB(width, reduce, b[step].data());
+              worker->Run(rows, width, reduce, accumulate,
+                          reinterpret_cast<const char*>(a[step].data()) + r0 * shape.LdaOf(reduce) * elem,
+                          packed, c.data() + r0 * shape.ldc);
+            }
+            return c;
+          };
+          const std::vector<float> whole = run(0, max_rows);
+          for (int64_t rows : {1, 2, 3, 5, 7, 11, 12, 13, 16, 17, 24, 31, 32, 33, 64, 100, 137, 255}) {
+            rows = std::min(max_rows, (rows + granule - 1) / granule * granule);
+            for (const int64_t r0 : {int64_t{0}, (max_rows - rows) / granule * granule}) {
+              const std::vector<float> part = run(r0, rows);
+              for (int64_t r = r0; r < r0 + rows; ++r) {
+                ASSERT_EQ(std::memcmp(&part[static_cast<size_t>(r * shape.ldc)],
+                                      &whole[static_cast<size_t>(r * shape.ldc)], width * sizeof(float)),
+                          0)
+                    << "row " << r << " of a call of " << rows << " rows from " << r0;
+              }
+            }
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+  RecordProperty("widths_checked", static_cast<int>(checked));
+  RecordProperty("widths_not_rows_independent", static_cast<int>(skipped));
+}
+
 // The CPUs the float32 rule names: AMD family 0x19 (Zen 4 with AVX-512; Zen 3), not Zen 5, not
 // Intel, not an unknown CPU.
 TEST(moe_grad_gemm, OwnFloat32TilesOnZen4Only) {

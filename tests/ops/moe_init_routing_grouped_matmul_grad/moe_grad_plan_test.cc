@@ -113,6 +113,34 @@ TEST(moe_grad_plan, WorkDoesNotDependOnThreads) {
   }
 }
 
+// Units go round robin; a thread owns a column block's unit of every chunk exactly where
+// WholeBlocks says so, the property the executor runs an expert's rows as one range on.
+TEST(moe_grad_plan, WholeBlocksIsOwningEveryChunkOfEachBlock) {
+  for (const MoeGradShape& s : {Shape(4096, 2, 8, 2048, 1408), Shape(110592, 2, 60, 128, 256),
+                                Shape(700, 4, 3, 600, 200), Shape(100, 2, 4, 600, 64)}) {
+    for (int32_t threads = 1; threads <= 8; ++threads) {
+      const MoeGradPlan p = MakeMoeGradPlan(s, Machine(threads));
+      SCOPED_TRACE(::testing::Message() << "K " << s.k << ", " << threads << " threads, "
+                                        << p.col_blocks << " blocks, " << p.token_chunks << " chunks");
+      bool every_block_whole = true;
+      for (int64_t block = 0; block < p.col_blocks; ++block) {
+        for (int64_t chunk = 1; chunk < p.token_chunks; ++chunk) {
+          every_block_whole = every_block_whole && p.ThreadOfUnit(chunk, block) == p.ThreadOfUnit(0, block);
+        }
+      }
+      EXPECT_EQ(p.WholeBlocks(), every_block_whole);
+      int64_t units = 0;
+      for (int64_t u = 0; u < p.units; ++u) {
+        units += p.ThreadOfUnit(u / p.col_blocks, u % p.col_blocks) == 0;
+      }
+      EXPECT_EQ(units, p.UnitsOfThread(0));
+    }
+  }
+  // S1 on 2 threads (8 blocks, 16 chunks): whole; on 3: not.
+  EXPECT_TRUE(MakeMoeGradPlan(Shape(4096, 2, 8, 2048, 1408), Machine(2)).WholeBlocks());
+  EXPECT_FALSE(MakeMoeGradPlan(Shape(4096, 2, 8, 2048, 1408), Machine(3)).WholeBlocks());
+}
+
 TEST(moe_grad_plan, TokenChunks) {
   // Few gradX columns and many rows: the tokens are split, each chunk keeps on average at least
   // a row granule of every expert's rows.
@@ -387,7 +415,7 @@ TEST(moe_grad_plan, JsonNamesEveryField) {
   const std::string json = MoeGradPlanToJson(p);
   for (const char* key : {"\"base_m\": ", "\"base_n\": ", "\"base_k\": 1408", "\"parall_num\": 2",
                           "\"threads\": 2", "\"work_split\"", "\"token_chunks\"", "\"units\"",
-                          "\"load_balance\": ", "\"k_blocks\": ", "\"gemm_impl\": ", "\"thread_bytes\": ",
+                          "\"load_balance\": ", "\"whole_blocks\": true", "\"k_blocks\": ", "\"gemm_impl\": ", "\"thread_bytes\": ",
                           "\"matmul_out_ring\"", "\"row_token\"", "\"system\"", "\"alignment\": 512",
                           "\"workspace_bytes\"", "\"gemm_dtype\": \"bfloat16\""}) {
     EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;

@@ -91,6 +91,7 @@ class MicroTileGemm final : public MoeTileGemm {
   bool packs_b() const override { return shape_.prepared_b; }
   bool prepares_b_from_kn() const override { return shape_.prepared_b && shape_.ldb_kn > 0; }
   bool takes_any_stride() const override { return true; }
+  bool rows_independent(int64_t) const override { return true; }  // one chain per element
 
   // Whether float32 B^T rows of this width may be read in place (MoeMicroGemmKN) rather than
   // packed: streamed blocks (fetched into L2 while the calls before them run, so a block's rows
@@ -406,6 +407,11 @@ class OneDnnTileGemm final : public MoeTileGemm {
       const std::string name = e.pd.impl_info_str();
       std::string& impl = impls_[e.width];
       if (impl.find(name) == std::string::npos) impl += impl.empty() ? name : "+" + name;
+      // brgemm sums each row of C over the call's whole reduction in one chain, whatever the
+      // row count; gemm:jit in blocks of K chosen per call shape.
+      const bool brgemm = name.rfind("brg", 0) == 0;
+      const auto [it, first] = rows_independent_.emplace(e.width, brgemm && !in_place_);
+      if (!first) it->second = it->second && brgemm;
     }
     if (in_place_) {
       for (auto& [width, impl] : impls_) impl += ", B read in place from [K, N] rows";
@@ -428,6 +434,10 @@ class OneDnnTileGemm final : public MoeTileGemm {
   bool packs_b() const override { return packed_b_; }
   bool prepares_b_from_kn() const override { return in_place_ || (packed_b_ && packs_from_kn_); }
   bool reads_b_in_place() const override { return in_place_; }
+  bool rows_independent(int64_t width) const override {
+    const auto it = rows_independent_.find(width);
+    return it != rows_independent_.end() && it->second;
+  }
 
   class DnnlWorker final : public Worker {
    public:
@@ -787,6 +797,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
   uint64_t scratchpad_bytes_ = 0;
   uint64_t packed_b_bytes_ = 0;
   std::map<int64_t, std::string> impls_;
+  std::map<int64_t, bool> rows_independent_;  // per width: every call of it on brgemm
 };
 
 class OneDnnDenseGemm final : public MoeDenseGemm {

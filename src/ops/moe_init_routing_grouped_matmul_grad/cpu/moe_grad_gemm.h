@@ -147,6 +147,16 @@ class MoeTileGemm {
   virtual bool takes_any_stride() const { return false; }
   // Whether the shape's b_in_place was taken: PrepareBFromKN hands B^T's rows back unpacked.
   virtual bool reads_b_in_place() const { return false; }
+  // Whether calls of this width give a row of C the same bits whatever the call's row count and
+  // its other rows (every reduction step, accumulating or not), so that a caller may group rows
+  // into calls differently (the fused op's whole blocks, which depend on the thread count): the
+  // own kernels (each element one chain, whatever the rows); oneDNN where every call of the width
+  // was measured so (tested: moe_grad_gemm.RowsIndependentGemmsGiveEachRowItsBits). oneDNN 2.6's
+  // gemm:jit sums K in blocks its call's shape chooses: not.
+  virtual bool rows_independent(int64_t width) const {
+    (void)width;
+    return false;
+  }
 
   // What one thread runs its calls through; holds the library's per-call objects, reused.
   class Worker {
