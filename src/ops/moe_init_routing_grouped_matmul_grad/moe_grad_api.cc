@@ -39,7 +39,14 @@ class MoeGradExecutor final : public gkOpExecutor {
   MoeGradExecutor(const MoeGradPlan& plan, std::unique_ptr<MoeTileGemm> gemm, const gkTensor& dy,
                   const gkTensor& w, const gkTensor& idx, const gkTensor& groups,
                   const gkTensor& dx)
-      : plan_(plan), gemm_(std::move(gemm)), dy_(dy), w_(w), idx_(idx), groups_(groups), dx_(dx) {}
+      : plan_(plan), gemm_(std::move(gemm)), dy_(dy), w_(w), idx_(idx), groups_(groups), dx_(dx) {
+    // Decided here, in phase 1 (the GEMM may check its rows once, see rows_independent); with
+    // one chunk the whole range is the chunk's anyway.
+    if (plan_.token_chunks > 1 && plan_.WholeBlocks() && plan_.col_blocks > 0) {
+      whole_base_ = gemm_->rows_independent(plan_.base_n);
+      whole_last_ = gemm_->rows_independent(plan_.last_block_cols);
+    }
+  }
 
   std::string_view op_name() const override { return kMoeGradName; }
   uint64_t workspace_bytes() const override { return plan_.workspace_bytes; }
@@ -154,9 +161,9 @@ class MoeGradExecutor final : public gkOpExecutor {
       // bfloat16 1.07, 1.04, 1.00, 1.02. Each gradX element still takes its terms in ascending
       // expert and row (its token's rows are all in one chunk); the grouping of rows into calls
       // now depends on the thread count, so only on a GEMM whose rows get the same bits in any
-      // grouping (MoeTileGemm::rows_independent: not oneDNN's gemm:jit, which a narrow last
-      // column block may run on).
-      if (p.WholeBlocks() && gemm_->rows_independent(BlockCols(block))) {
+      // grouping (MoeTileGemm::rows_independent: gradkit's kernels; oneDNN's brgemm where a
+      // check found it so; not gemm:jit, which a narrow last column block may run on).
+      if (block == p.col_blocks - 1 ? whole_last_ : whole_base_) {
         RunExpert({ws.group_offsets, nullptr}, block, g, b_ready, ws, slots);
       } else {
         for (int64_t chunk = 0; chunk < p.token_chunks; ++chunk) {
@@ -354,6 +361,9 @@ class MoeGradExecutor final : public gkOpExecutor {
 
   MoeGradPlan plan_;
   std::unique_ptr<MoeTileGemm> gemm_;
+  // Whether a step runs the expert's rows of all chunks as one range (RunThread): for the
+  // column blocks of base_n columns, and for the last one.
+  bool whole_base_ = false, whole_last_ = false;
   gkTensor dy_, w_, idx_, groups_, dx_;  // copies: the caller may release its descriptors
 };
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -12,6 +13,7 @@
 #include <string_view>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/plan_math.h"
@@ -407,10 +409,8 @@ class OneDnnTileGemm final : public MoeTileGemm {
       const std::string name = e.pd.impl_info_str();
       std::string& impl = impls_[e.width];
       if (impl.find(name) == std::string::npos) impl += impl.empty() ? name : "+" + name;
-      // brgemm sums each row of C over the call's whole reduction in one chain, whatever the
-      // row count; gemm:jit in blocks of K chosen per call shape.
-      const bool brgemm = name.rfind("brg", 0) == 0;
-      const auto [it, first] = rows_independent_.emplace(e.width, brgemm && !in_place_);
+      const bool brgemm = name.rfind("brg", 0) == 0;  // see rows_independent
+      const auto [it, first] = brgemm_only_.emplace(e.width, brgemm && !in_place_);
       if (!first) it->second = it->second && brgemm;
     }
     if (in_place_) {
@@ -434,9 +434,27 @@ class OneDnnTileGemm final : public MoeTileGemm {
   bool packs_b() const override { return packed_b_; }
   bool prepares_b_from_kn() const override { return in_place_ || (packed_b_ && packs_from_kn_); }
   bool reads_b_in_place() const override { return in_place_; }
+  // Only widths whose calls all run brgemm (each row of C one chain over the call's reduction,
+  // as its design goes), and only once a check on this machine and library found it so: every
+  // prepared row count's call, over every step, giving each row the bits of the full-height call
+  // on random operands. (oneDNN 3.7's brgemm gave a call of one row other bits, Debian 13: not
+  // taken there.) Checked once per process and configuration, cached: the first phase 1 of a
+  // shape pays one call of each row count (Zen 5, one core: S1 float32 140 ms, S3 53, S2 42).
   bool rows_independent(int64_t width) const override {
-    const auto it = rows_independent_.find(width);
-    return it != rows_independent_.end() && it->second;
+    const auto it = brgemm_only_.find(width);
+    if (it == brgemm_only_.end() || !it->second) return false;
+    const std::string key = fmt::format(
+        "{} {} width {} rows {} lda {} ldb {} ldc {} packed {} tails {} steps",
+        MoeGemmLibraryName(), DTypeName(shape_.gemm_dtype), width, rows_.back(), shape_.lda, shape_.ldb,
+        shape_.ldc, packed_b_, tails_);
+    static std::mutex mutex;
+    static std::map<std::string, bool> checked;
+    const std::lock_guard<std::mutex> lock(mutex);
+    std::string steps;
+    for (const auto& step : shape_.steps) steps += fmt::format(" {}{}", step.reduce, step.accumulate ? "+" : "");
+    const auto [at, fresh] = checked.emplace(key + steps, false);
+    if (fresh) at->second = EachRowGetsItsBits(width);
+    return at->second;
   }
 
   class DnnlWorker final : public Worker {
@@ -748,6 +766,57 @@ class OneDnnTileGemm final : public MoeTileGemm {
 
   // Runs one call of each distinct implementation on zeros: some (gemm:jit) generate their
   // kernels on first use, which would otherwise happen in phase 2.
+  // rows_independent's check: random operands of the shape's strides, every step in turn (B
+  // prepared per step, later steps accumulating), the full-height call against a call of each
+  // other prepared row count.
+  bool EachRowGetsItsBits(int64_t width) const {
+    const OmpThreadsScope one(1);
+    const int64_t max_rows = rows_.back(), elem = ElementBytes(shape_.gemm_dtype);
+    const auto random = [&](int64_t elems, uint32_t seed) {
+      std::vector<uint16_t> out(static_cast<size_t>(elems * elem / 2 + 1));
+      for (int64_t i = 0; i < elems; ++i) {
+        const uint32_t h = (static_cast<uint32_t>(i) ^ seed) * 2654435761u;
+        const float value = static_cast<float>(h >> 8) / 8388608.0f - 1.0f;  // [-1, 1)
+        uint32_t bits;
+        std::memcpy(&bits, &value, 4);
+        if (elem == 2) {
+          out[static_cast<size_t>(i)] = static_cast<uint16_t>(bits >> 16);
+        } else {
+          std::memcpy(out.data() + 2 * i, &bits, 4);
+        }
+      }
+      return out;
+    };
+    std::vector<std::vector<uint16_t>> a, b;
+    for (size_t step = 0; step < shape_.steps.size(); ++step) {
+      const int64_t reduce = shape_.steps[step].reduce;
+      a.push_back(random(max_rows * shape_.LdaOf(reduce), 0x9e37u + static_cast<uint32_t>(step)));
+      b.push_back(random(width * shape_.LdbOf(reduce), 0x85ebu + static_cast<uint32_t>(step)));
+    }
+    std::vector<char> scratch(scratchpad_bytes() + 64);
+    const auto worker = MakeWorker(scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64);
+    const auto run = [&](int64_t rows, std::vector<float>& c) {
+      for (size_t step = 0; step < shape_.steps.size(); ++step) {
+        const auto& [reduce, accumulate] = shape_.steps[step];
+        worker->Run(rows, width, reduce, accumulate, a[step].data(),
+                    worker->PrepareB(width, reduce, b[step].data()), c.data());
+      }
+    };
+    std::vector<float> whole(static_cast<size_t>(max_rows * shape_.ldc)), part(whole.size());
+    run(max_rows, whole);
+    const int64_t granule = row_granule();
+    for (int64_t rows = granule; rows < max_rows; rows += granule) {
+      run(rows, part);
+      for (int64_t r = 0; r < rows; ++r) {
+        if (std::memcmp(&part[static_cast<size_t>(r * shape_.ldc)], &whole[static_cast<size_t>(r * shape_.ldc)],
+                        static_cast<size_t>(width) * sizeof(float)) != 0) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
   void WarmUp() {
     std::vector<std::string> done;
     const OmpThreadsScope one(1);
@@ -797,7 +866,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
   uint64_t scratchpad_bytes_ = 0;
   uint64_t packed_b_bytes_ = 0;
   std::map<int64_t, std::string> impls_;
-  std::map<int64_t, bool> rows_independent_;  // per width: every call of it on brgemm
+  std::map<int64_t, bool> brgemm_only_;  // per width: every call of it on brgemm
 };
 
 class OneDnnDenseGemm final : public MoeDenseGemm {

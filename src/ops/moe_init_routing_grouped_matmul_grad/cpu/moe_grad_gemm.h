@@ -151,8 +151,10 @@ class MoeTileGemm {
   // its other rows (every reduction step, accumulating or not), so that a caller may group rows
   // into calls differently (the fused op's whole blocks, which depend on the thread count): the
   // own kernels (each element one chain, whatever the rows); oneDNN where every call of the width
-  // was measured so (tested: moe_grad_gemm.RowsIndependentGemmsGiveEachRowItsBits). oneDNN 2.6's
-  // gemm:jit sums K in blocks its call's shape chooses: not.
+  // runs brgemm and a check of every row count on this machine found it so (the first query per
+  // process and configuration runs it: call it in phase 1). oneDNN 2.6's gemm:jit sums K in
+  // blocks its call's shape chooses, and oneDNN 3.7's brgemm gave a call of one row other bits:
+  // not. Tested: moe_grad_gemm.RowsIndependentGemmsGiveEachRowItsBits.
   virtual bool rows_independent(int64_t width) const {
     (void)width;
     return false;
