@@ -443,16 +443,14 @@ class OneDnnTileGemm final : public MoeTileGemm {
   bool rows_independent(int64_t width) const override {
     const auto it = brgemm_only_.find(width);
     if (it == brgemm_only_.end() || !it->second) return false;
-    const std::string key = fmt::format(
-        "{} {} width {} rows {} lda {} ldb {} ldc {} packed {} tails {} steps",
-        MoeGemmLibraryName(), DTypeName(shape_.gemm_dtype), width, rows_.back(), shape_.lda, shape_.ldb,
-        shape_.ldc, packed_b_, tails_);
+    std::string key = fmt::format("{} {} width {} rows {} lda {} ldb {} ldc {} packed {} tails {} steps",
+                                  MoeGemmLibraryName(), DTypeName(shape_.gemm_dtype), width, rows_.back(),
+                                  shape_.lda, shape_.ldb, shape_.ldc, packed_b_, tails_);
+    for (const auto& step : shape_.steps) key += fmt::format(" {}{}", step.reduce, step.accumulate ? "+" : "");
     static std::mutex mutex;
     static std::map<std::string, bool> checked;
     const std::lock_guard<std::mutex> lock(mutex);
-    std::string steps;
-    for (const auto& step : shape_.steps) steps += fmt::format(" {}{}", step.reduce, step.accumulate ? "+" : "");
-    const auto [at, fresh] = checked.emplace(key + steps, false);
+    const auto [at, fresh] = checked.emplace(key, false);
     if (fresh) at->second = EachRowGetsItsBits(width);
     return at->second;
   }
@@ -764,8 +762,6 @@ class OneDnnTileGemm final : public MoeTileGemm {
     return (w * shape_.steps.size() + st) * rows_.size() + r;
   }
 
-  // Runs one call of each distinct implementation on zeros: some (gemm:jit) generate their
-  // kernels on first use, which would otherwise happen in phase 2.
   // rows_independent's check: random operands of the shape's strides, every step in turn (B
   // prepared per step, later steps accumulating), the full-height call against a call of each
   // other prepared row count.
@@ -817,6 +813,8 @@ class OneDnnTileGemm final : public MoeTileGemm {
     return true;
   }
 
+  // Runs one call of each distinct implementation on zeros: some (gemm:jit) generate their
+  // kernels on first use, which would otherwise happen in phase 2.
   void WarmUp() {
     std::vector<std::string> done;
     const OmpThreadsScope one(1);
