@@ -125,7 +125,7 @@ struct MoeGradPlan {
     return static_cast<int32_t>((chunk * col_blocks + block) % threads);
   }
   // Whether one thread owns a column block's unit of every chunk, for every block: one chunk, or
-  // threads dividing col_blocks (2, 4, 8 or 16 threads at S1-S4). The executor then runs an
+  // threads dividing col_blocks (2, 4 or 8 threads at S1-S4, 16 at S2 and S3). The executor then runs an
   // expert's rows of all chunks as one range (whole_blocks in the plan's JSON).
   bool WholeBlocks() const { return token_chunks == 1 || col_blocks % threads == 0; }
   // Max over mean units per thread of the static schedule on `t` threads (idle threads count).

@@ -772,14 +772,7 @@ class OneDnnTileGemm final : public MoeTileGemm {
       std::vector<uint16_t> out(static_cast<size_t>(elems * elem / 2 + 1));
       for (int64_t i = 0; i < elems; ++i) {
         const uint32_t h = (static_cast<uint32_t>(i) ^ seed) * 2654435761u;
-        const float value = static_cast<float>(h >> 8) / 8388608.0f - 1.0f;  // [-1, 1)
-        uint32_t bits;
-        std::memcpy(&bits, &value, 4);
-        if (elem == 2) {
-          out[static_cast<size_t>(i)] = static_cast<uint16_t>(bits >> 16);
-        } else {
-          std::memcpy(out.data() + 2 * i, &bits, 4);
-        }
+        StoreFromF32(out.data(), i, shape_.gemm_dtype, static_cast<float>(h >> 8) / 8388608.0f - 1.0f);
       }
       return out;
     };
