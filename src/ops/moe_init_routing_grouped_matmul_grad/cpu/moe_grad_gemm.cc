@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -439,7 +440,8 @@ class OneDnnTileGemm final : public MoeTileGemm {
   // prepared row count's call, over every step, giving each row the bits of the full-height call
   // on random operands. (oneDNN 3.7's brgemm gave a call of one row other bits, Debian 13: not
   // taken there.) Checked once per process and configuration, cached: the first phase 1 of a
-  // shape pays one call of each row count (Zen 5, one core: S1 float32 140 ms, S3 53, S2 42).
+  // shape pays one call of each row count, spread over the threads (Zen 5, one core: S1 float32
+  // 140 ms, S3 53, S2 42; the first phase 1 of S1 float32 184 ms on one thread, 120 on two).
   bool rows_independent(int64_t width) const override {
     const auto it = brgemm_only_.find(width);
     if (it == brgemm_only_.end() || !it->second) return false;
@@ -766,7 +768,6 @@ class OneDnnTileGemm final : public MoeTileGemm {
   // prepared per step, later steps accumulating), the full-height call against a call of each
   // other prepared row count.
   bool EachRowGetsItsBits(int64_t width) const {
-    const OmpThreadsScope one(1);
     const int64_t max_rows = rows_.back(), elem = ElementBytes(shape_.gemm_dtype);
     const auto random = [&](int64_t elems, uint32_t seed) {
       std::vector<uint16_t> out(static_cast<size_t>(elems * elem / 2 + 1));
@@ -782,28 +783,45 @@ class OneDnnTileGemm final : public MoeTileGemm {
       a.push_back(random(max_rows * shape_.LdaOf(reduce), 0x9e37u + static_cast<uint32_t>(step)));
       b.push_back(random(width * shape_.LdbOf(reduce), 0x85ebu + static_cast<uint32_t>(step)));
     }
-    std::vector<char> scratch(scratchpad_bytes() + 64);
-    const auto worker = MakeWorker(scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64);
-    const auto run = [&](int64_t rows, std::vector<float>& c) {
-      for (size_t step = 0; step < shape_.steps.size(); ++step) {
-        const auto& [reduce, accumulate] = shape_.steps[step];
-        worker->Run(rows, width, reduce, accumulate, a[step].data(),
-                    worker->PrepareB(width, reduce, b[step].data()), c.data());
-      }
-    };
-    std::vector<float> whole(static_cast<size_t>(max_rows * shape_.ldc)), part(whole.size());
-    run(max_rows, whole);
-    const int64_t granule = row_granule();
-    for (int64_t rows = granule; rows < max_rows; rows += granule) {
-      run(rows, part);
-      for (int64_t r = 0; r < rows; ++r) {
-        if (std::memcmp(&part[static_cast<size_t>(r * shape_.ldc)], &whole[static_cast<size_t>(r * shape_.ldc)],
-                        static_cast<size_t>(width) * sizeof(float)) != 0) {
-          return false;
+    // Each thread its own worker over its own scratch, the operands shared (read only).
+    const auto run_on_own_worker = [&](const auto& body) {
+      const GemmSequentialScope sequential;
+      std::vector<char> scratch(scratchpad_bytes() + 64);
+      const auto worker = MakeWorker(scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64);
+      body([&](int64_t rows, std::vector<float>& c) {
+        for (size_t step = 0; step < shape_.steps.size(); ++step) {
+          const auto& [reduce, accumulate] = shape_.steps[step];
+          worker->Run(rows, width, reduce, accumulate, a[step].data(),
+                      worker->PrepareB(width, reduce, b[step].data()), c.data());
         }
-      }
-    }
-    return true;
+      });
+    };
+    std::vector<float> whole(static_cast<size_t>(max_rows * shape_.ldc));
+    run_on_own_worker([&](const auto& run) { run(max_rows, whole); });
+    // Row counts granule, 2 granule, ... below max_rows, round robin over the threads (the cost
+    // grows with the square of max_rows). The verdict is the same on any number of threads:
+    // every count is checked, or one failed.
+    const int64_t granule = row_granule();
+    const int64_t counts = (max_rows - 1) / granule;
+    const int32_t threads = static_cast<int32_t>(std::clamp<int64_t>(ConfiguredThreads(), 1, std::max<int64_t>(counts, 1)));
+    std::atomic<bool> same{true};
+    ParallelFor(threads, threads, [&](int64_t t) {
+      run_on_own_worker([&](const auto& run) {
+        std::vector<float> part(whole.size());
+        for (int64_t i = t; i < counts && same.load(std::memory_order_relaxed); i += threads) {
+          const int64_t rows = (i + 1) * granule;
+          run(rows, part);
+          for (int64_t r = 0; r < rows; ++r) {
+            if (std::memcmp(&part[static_cast<size_t>(r * shape_.ldc)], &whole[static_cast<size_t>(r * shape_.ldc)],
+                            static_cast<size_t>(width) * sizeof(float)) != 0) {
+              same.store(false, std::memory_order_relaxed);
+              return;
+            }
+          }
+        }
+      });
+    });
+    return same.load();
   }
 
   // Runs one call of each distinct implementation on zeros: some (gemm:jit) generate their
