@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/executor.h"
 #include "core/plan_math.h"
 #include "core/thread_pool.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"
@@ -783,21 +784,26 @@ class OneDnnTileGemm final : public MoeTileGemm {
       a.push_back(random(max_rows * shape_.LdaOf(reduce), 0x9e37u + static_cast<uint32_t>(step)));
       b.push_back(random(width * shape_.LdbOf(reduce), 0x85ebu + static_cast<uint32_t>(step)));
     }
-    // Each thread its own worker over its own scratch, the operands shared (read only).
-    const auto run_on_own_worker = [&](const auto& body) {
-      const GemmSequentialScope sequential;
-      std::vector<char> scratch(scratchpad_bytes() + 64);
-      const auto worker = MakeWorker(scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64);
-      body([&](int64_t rows, std::vector<float>& c) {
-        for (size_t step = 0; step < shape_.steps.size(); ++step) {
-          const auto& [reduce, accumulate] = shape_.steps[step];
-          worker->Run(rows, width, reduce, accumulate, a[step].data(),
-                      worker->PrepareB(width, reduce, b[step].data()), c.data());
-        }
-      });
+    // A thread's GEMM: its own worker over its own scratch (a worker owns its packed B), run
+    // sequentially; the operands are shared, read only.
+    struct ThreadGemm {
+      const OneDnnTileGemm& gemm;
+      const GemmSequentialScope sequential{};
+      std::vector<char> scratch = std::vector<char>(gemm.scratchpad_bytes() + 64);
+      const std::unique_ptr<Worker> worker = gemm.MakeWorker(AlignUp(scratch.data(), 64));
+    };
+    const auto run = [&](ThreadGemm& own, int64_t rows, std::vector<float>& c) {
+      for (size_t step = 0; step < shape_.steps.size(); ++step) {
+        const auto& [reduce, accumulate] = shape_.steps[step];
+        own.worker->Run(rows, width, reduce, accumulate, a[step].data(),
+                        own.worker->PrepareB(width, reduce, b[step].data()), c.data());
+      }
     };
     std::vector<float> whole(static_cast<size_t>(max_rows * shape_.ldc));
-    run_on_own_worker([&](const auto& run) { run(max_rows, whole); });
+    {
+      ThreadGemm own{*this};
+      run(own, max_rows, whole);
+    }
     // Row counts granule, 2 granule, ... below max_rows, round robin over the threads (the cost
     // grows with the square of max_rows). The verdict is the same on any number of threads:
     // every count is checked, or one failed.
@@ -806,20 +812,19 @@ class OneDnnTileGemm final : public MoeTileGemm {
     const int32_t threads = static_cast<int32_t>(std::clamp<int64_t>(ConfiguredThreads(), 1, std::max<int64_t>(counts, 1)));
     std::atomic<bool> same{true};
     ParallelFor(threads, threads, [&](int64_t t) {
-      run_on_own_worker([&](const auto& run) {
-        std::vector<float> part(whole.size());
-        for (int64_t i = t; i < counts && same.load(std::memory_order_relaxed); i += threads) {
-          const int64_t rows = (i + 1) * granule;
-          run(rows, part);
-          for (int64_t r = 0; r < rows; ++r) {
-            if (std::memcmp(&part[static_cast<size_t>(r * shape_.ldc)], &whole[static_cast<size_t>(r * shape_.ldc)],
-                            static_cast<size_t>(width) * sizeof(float)) != 0) {
-              same.store(false, std::memory_order_relaxed);
-              return;
-            }
+      ThreadGemm own{*this};
+      std::vector<float> part(whole.size());
+      for (int64_t i = t; i < counts && same.load(std::memory_order_relaxed); i += threads) {
+        const int64_t rows = (i + 1) * granule;
+        run(own, rows, part);
+        for (int64_t r = 0; r < rows; ++r) {
+          if (std::memcmp(&part[static_cast<size_t>(r * shape_.ldc)], &whole[static_cast<size_t>(r * shape_.ldc)],
+                          static_cast<size_t>(width) * sizeof(float)) != 0) {
+            same.store(false, std::memory_order_relaxed);
+            return;
           }
         }
-      });
+      }
     });
     return same.load();
   }
