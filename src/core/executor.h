@@ -34,13 +34,4 @@ namespace gk {
 gkStatus RunExecutor(std::string_view api, std::string_view op_name, void* workspace,
                      uint64_t workspace_size, gkOpExecutor* executor);
 
-// Rounds a pointer up to `alignment` (a power of two).
-inline void* AlignUp(void* p, uintptr_t alignment) {
-  const auto address = reinterpret_cast<uintptr_t>(p);
-  return reinterpret_cast<void*>((address + alignment - 1) & ~(alignment - 1));
-}
-inline uint64_t AlignUp(uint64_t bytes, uint64_t alignment) {
-  return (bytes + alignment - 1) / alignment * alignment;
-}
-
 }  // namespace gk

@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/executor.h"
+#include "core/plan_math.h"
 #include "core/thread_pool.h"
 #include "gradkit/elu_grad_v2.h"
 #include "ops/elu_grad_v2/cpu/elu_grad_v2_kernels.h"

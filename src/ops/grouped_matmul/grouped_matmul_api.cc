@@ -12,6 +12,7 @@
 #include "core/cpu/stream_copy.h"
 #include "core/error.h"
 #include "core/executor.h"
+#include "core/plan_math.h"
 #include "core/thread_pool.h"
 #include "gradkit/grouped_matmul.h"
 #include "ops/grouped_matmul/cpu/grouped_matmul_kernels.h"

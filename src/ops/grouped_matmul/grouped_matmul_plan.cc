@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "core/executor.h"
 #include "core/plan_math.h"
 #include "core/thread_pool.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"

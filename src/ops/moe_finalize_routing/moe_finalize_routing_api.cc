@@ -9,6 +9,7 @@
 #include "core/cpu_info.h"
 #include "core/error.h"
 #include "core/executor.h"
+#include "core/plan_math.h"
 #include "core/thread_pool.h"
 #include "gradkit/moe_finalize_routing.h"
 #include "ops/moe_finalize_routing/cpu/moe_finalize_routing_kernels.h"

@@ -11,6 +11,7 @@
 #include "core/cpu_info.h"
 #include "core/error.h"
 #include "core/executor.h"
+#include "core/plan_math.h"
 #include "core/thread_pool.h"
 #include "gradkit/moe_init_routing.h"
 #include "ops/moe_init_routing/moe_init_routing_def.h"

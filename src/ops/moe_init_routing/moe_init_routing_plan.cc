@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "core/cpu/stream_copy.h"
-#include "core/executor.h"
+#include "core/plan_math.h"
 
 namespace gk {
 

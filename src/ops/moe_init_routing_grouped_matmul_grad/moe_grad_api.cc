@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "core/error.h"
 #include "core/executor.h"
+#include "core/plan_math.h"
 #include "core/thread_pool.h"
 #include "gradkit/moe_init_routing_grouped_matmul_grad.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"

@@ -8,7 +8,7 @@
 #include <tuple>
 #include <vector>
 
-#include "core/executor.h"
+#include "core/plan_math.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_plan.h"
