@@ -221,6 +221,14 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
   // all run on the same kernel (the same bits): [K, N] and [N, K] blocks both fetched ahead where
   // read in place, then packed. (float16 weights go through the B tile, converted.)
   g.streamed_b = s.op == GroupedMatmulOp::kForward && t.k_blocks > 1 && s.dtype != DType::kF16;
+  // Weight grad in bfloat16 where the average expert's rows take more than one chunk (S1/S4: 1024
+  // rows an expert, 4 chunks of 256): every chunk after an expert's first adds into the float32
+  // gradWeight block its first wrote, which oneDNN's brgemm reads slowly (see
+  // MoeTileGemmShape::bf16_dot_where_faster). Zen 5, one-process harness, 2 threads, median of
+  // per-round ratios, dot kernel over brgemm: S1 1.117, S4 1.097; S2 (256 rows an expert, one
+  // chunk each) 0.964, S3 (136) 1.00: those keep brgemm (docs/benchmarks.md, session 41).
+  g.bf16_dot_where_faster = s.op == GroupedMatmulOp::kWeightGrad && t.gemm_dtype == DType::kBF16 &&
+                            s.m > s.g * (t.reduce + GroupedMatmulReduceFold(t.reduce));
   return g;
 }
 

@@ -376,6 +376,9 @@ TEST(grouped_matmul_api, WeightGradAddIsTheSumAddedOnce) {
 TEST(grouped_matmul_api, BitIdenticalAcrossRunsAndThreadCounts) {
   const GmmCase cases[] = {{"many_units", 400, 3, 9, 100, 600, 0.9},
                            {"long_experts", 900, 1, 3, 300, 70},
+                           // 700 rows an expert, three chunks (bfloat16: the dot-product kernel
+                           // where the CPU rule takes it, bf16_dot_where_faster)
+                           {"chunked_experts", 1400, 1, 2, 100, 300},
                            {"k_block_units", 300, 2, 5, 520, 1100, 0.9},
                            {"k_block_row_groups", 780, 2, 3, kGroupedMatmulMaxWholeK + 100, 40}};
   for (const GmmCase& c : cases) {

@@ -160,9 +160,11 @@ TEST(grouped_matmul_plan, BPackedOnceByGradkitsPackerOnOneDnn2) {
 // the own kernels where the CPU rules say so (float32: MoeOwnStreamedOutrunsBrgemm; bfloat16 on the
 // dot-product kernel: MoeOwnStreamedBf16OnDot); the weight gradient's float32 tiles on the
 // micro-kernel where the CPU rule says they run faster (the fused op's rule), bfloat16 on
-// oneDNN. (700 rows over 5 experts: one piece an expert; K 300: k-blocks of 256 and 44 for
-// float32 where the CPU does not read N < 256 columns in place; K 1500: bfloat16 k-blocks of
-// 1024 and 476 off AMX.)
+// oneDNN unless its experts average more than one chunk (bf16_dot_where_faster), then on the
+// dot-product kernel where the CPU rule for it says so. (700 rows over 5 experts: one piece an
+// expert, one chunk; over 1 expert: three chunks; K 300: k-blocks of 256 and 44 for float32
+// where the CPU does not read N < 256 columns in place; K 1500: bfloat16 k-blocks of 1024 and 476
+// off AMX.)
 TEST(grouped_matmul_plan, AutoTakesOneDnnWhereItHasBrgemm) {
   if (MoeTileGemmChoiceFromEnv() != MoeTileGemmChoice::kAuto) GTEST_SKIP() << "GRADKIT_GEMM set";
   const bool own_f32 = MoeOwnF32TilesOutrunBrgemm(DetectCpuIdentity());
@@ -170,16 +172,17 @@ TEST(grouped_matmul_plan, AutoTakesOneDnnWhereItHasBrgemm) {
   const bool own_streamed_bf16 = MoeOwnStreamedBf16OnDot(DetectCpuIdentity());
   for (GroupedMatmulOp op : {GroupedMatmulOp::kForward, GroupedMatmulOp::kWeightGrad}) {
     for (DType dtype : {DType::kF32, DType::kBF16}) {
-      for (int64_t k : {int64_t{300}, int64_t{1500}}) {
-        const GroupedMatmulShape shape = Shape(op, 700, k, 200, 5, dtype);
-        const bool streamed = GroupedMatmulTileGemmShape(shape).streamed_b;
+      for (const auto& [k, g] : {std::pair<int64_t, int64_t>{300, 5}, {1500, 5}, {300, 1}}) {
+        const GroupedMatmulShape shape = Shape(op, 700, k, 200, g, dtype);
+        const MoeTileGemmShape gemm_shape = GroupedMatmulTileGemmShape(shape);
+        const bool streamed = gemm_shape.streamed_b;
         const bool own = dtype == DType::kF32
                              ? (op == GroupedMatmulOp::kWeightGrad && own_f32) || (streamed && own_streamed)
-                             : streamed && own_streamed_bf16;
+                             : (streamed || gemm_shape.bf16_dot_where_faster) && own_streamed_bf16;
         const bool onednn = MoeGemmHasOneDnn() && gk::testing::CpuHasBrgemmFor(dtype) && !own;
         const GroupedMatmulMachine machine = DetectGroupedMatmulMachine(shape);
         SCOPED_TRACE(::testing::Message() << (op == GroupedMatmulOp::kForward ? "forward " : "weight grad ")
-                                          << DTypeName(dtype) << " K " << k);
+                                          << DTypeName(dtype) << " K " << k << " G " << g);
         EXPECT_EQ(machine.gemm_backend, onednn ? "onednn" : "gradkit");
         if (dtype == DType::kBF16 && own) {
           EXPECT_NE(machine.gemm_impls.front().second.find("dot-product"), std::string::npos)
@@ -188,6 +191,7 @@ TEST(grouped_matmul_plan, AutoTakesOneDnnWhereItHasBrgemm) {
           // rows in a pass before.
           EXPECT_NE(machine.gemm_impls.front().second.find("as it multiplies"), std::string::npos)
               << machine.gemm_impls.front().second;
+          if (op == GroupedMatmulOp::kWeightGrad) continue;  // gradY's [M, N] rows: no weight form
           GroupedMatmulShape nk = shape;
           nk.weight_nk = true;
           const std::string nk_impl = DetectGroupedMatmulMachine(nk).gemm_impls.front().second;
@@ -202,6 +206,25 @@ TEST(grouped_matmul_plan, AutoTakesOneDnnWhereItHasBrgemm) {
           const std::string whole =
               DetectGroupedMatmulMachine(Shape(op, 700, k, 256, 5, dtype)).gemm_impls.front().second;
           EXPECT_NE(whole.find("B read in place"), std::string::npos) << whole;
+        }
+      }
+    }
+  }
+}
+
+// The weight grad asks for the dot-product kernel (where the CPU rule allows it) in bfloat16 only,
+// and only where the average expert's rows take more than one chunk: M > G x (reduce + fold), a
+// rule of the shape, so that every routing of it runs the same kernel.
+TEST(grouped_matmul_plan, WeightGradBf16OnTheDotKernelWhereExpertsTakeSeveralChunks) {
+  const int64_t one_chunk = kGroupedMatmulBaseR + GroupedMatmulReduceFold(kGroupedMatmulBaseR);
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (GroupedMatmulOp op : {GroupedMatmulOp::kForward, GroupedMatmulOp::kWeightGrad}) {
+      for (int64_t g : {1, 4, 8}) {
+        for (int64_t m : {g * one_chunk, g * one_chunk + 1, g * 1024}) {
+          const bool want = op == GroupedMatmulOp::kWeightGrad && dtype == DType::kBF16 && m > g * one_chunk;
+          EXPECT_EQ(GroupedMatmulTileGemmShape(Shape(op, m, 256, 128, g, dtype)).bf16_dot_where_faster, want)
+              << DTypeName(dtype) << (op == GroupedMatmulOp::kForward ? " forward" : " weight grad") << " M "
+              << m << " G " << g;
         }
       }
     }

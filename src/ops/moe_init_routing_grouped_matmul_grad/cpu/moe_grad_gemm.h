@@ -73,6 +73,13 @@ struct MoeTileGemmShape {
   // takes the own kernel on CPUs of MoeOwnStreamedOutrunsBrgemm (float32) and
   // MoeOwnStreamedBf16OnDot (bfloat16).
   bool streamed_b = false;
+  // The caller's bfloat16 calls mostly add into C rows that its earlier calls wrote, too many to
+  // stay in L2 (GroupedMatmulWeightGrad where an expert averages more than one chunk, its float32
+  // gradWeight rows summed chunk after chunk): auto takes the own dot-product kernel
+  // (moe_grad_bf16dot.h), which asks for each next register block's C rows while it multiplies,
+  // on CPUs of MoeOwnStreamedBf16OnDot. oneDNN 2.6's brgemm, adding by a sum post-op, ran each
+  // such call 20-35% slower than a call that only writes C (Zen 5, docs/benchmarks.md, session 41).
+  bool bf16_dot_where_faster = false;
 };
 
 // CPUs where oneDNN 2.6's float32 brgemm loses to the micro-kernel on the fused op's tiles (and
