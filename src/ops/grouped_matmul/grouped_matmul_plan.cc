@@ -74,6 +74,32 @@ bool Bf16ForwardOnDot(const GroupedMatmulShape& s) {
          s.k > kGroupedMatmulBf16StreamBaseK && MoeOwnStreamedBf16OnDot(DetectCpuIdentity());
 }
 
+// The weight grad's rows reduced per GEMM call (a chunk): kGroupedMatmulBaseR, fewer where M is.
+int64_t WeightGradReduce(const GroupedMatmulShape& s, DType gemm_dtype) {
+  return std::min(kGroupedMatmulBaseR, RoundUp(std::max<int64_t>(s.m, 1), ReduceGranule(gemm_dtype)));
+}
+
+// The weight grad in bfloat16 where the average expert's rows take more than one chunk (with the
+// fold), so that most calls add into gradWeight rows an earlier chunk wrote: the tile GEMM asks
+// for the dot-product kernel (MoeTileGemmShape::bf16_dot_where_faster). A rule of the shape, so
+// that every routing of it runs one kernel.
+bool Bf16WeightGradAddsChunks(const GroupedMatmulShape& s) {
+  if (s.op != GroupedMatmulOp::kWeightGrad || s.dtype != DType::kBF16) return false;
+  const int64_t reduce = WeightGradReduce(s, DType::kBF16);
+  return s.m > s.g * (reduce + GroupedMatmulReduceFold(reduce));
+}
+
+// Where auto then takes the dot-product kernel (MoeOwnStreamedBf16OnDot): its column blocks are
+// whole panels of 32 (as Bf16ForwardOnDot's), not whole rows of gradWeight, which only oneDNN's
+// brgemm needs (GroupedMatmulWholeRowTiles). S1 (N 1408: 128 columns), one-process harness, 2
+// threads, Zen 5, median of per-round ratios over whole rows on the same kernel: 1.044 (S4
+// 1.043); 352 columns 1.061 (1.052), not kept for a rule of its own (docs/benchmarks.md,
+// session 41).
+bool Bf16WeightGradOnDot(const GroupedMatmulShape& s) {
+  return Bf16WeightGradAddsChunks(s) && MoeTileGemmChoiceFromEnv() != MoeTileGemmChoice::kOneDnn &&
+         MoeOwnStreamedBf16OnDot(DetectCpuIdentity());
+}
+
 Tiles ChooseTiles(const GroupedMatmulShape& s) {
   Tiles t{};
   t.gemm_dtype = s.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
@@ -101,20 +127,22 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
     }
     return int64_t{0};
   };
-  const int64_t panel = t.gemm_dtype == DType::kF32 ? MoeMicroPanelWidth()
-                        : Bf16ForwardOnDot(s)              ? kMoeBf16DotPanel
-                                                           : int64_t{16};
+  const int64_t panel = t.gemm_dtype == DType::kF32                  ? MoeMicroPanelWidth()
+                        : Bf16ForwardOnDot(s) || Bf16WeightGradOnDot(s) ? kMoeBf16DotPanel
+                                                                        : int64_t{16};
   int64_t width = widest_dividing(panel);
   if (width == 0 && panel != 16) width = widest_dividing(16);
   if (width > 0) t.base_n = width;
-  t.reduce = forward ? s.k
-                     : std::min(kGroupedMatmulBaseR,
-                                RoundUp(std::max<int64_t>(s.m, 1), ReduceGranule(t.gemm_dtype)));
+  t.reduce = forward ? s.k : WeightGradReduce(s, t.gemm_dtype);
   t.row_blocks = CeilDiv(extent, t.base_m);
   t.last_block_rows = extent - (t.row_blocks - 1) * t.base_m;
   // Weight grad in bfloat16 writing gradWeight direct: one block of all N, so that C's rows (of
-  // gradWeight) are dense in the GEMM's own width, which oneDNN 2.6 runs on brgemm.
-  if (GroupedMatmulWholeRowTiles(s, GroupedMatmulStreamsGradWeight(DetectCpuIdentity()))) t.base_n = s.n;
+  // gradWeight) are dense in the GEMM's own width, which oneDNN 2.6 runs on brgemm (not where the
+  // dot-product kernel runs them, which takes any row stride).
+  if (GroupedMatmulWholeRowTiles(s, GroupedMatmulStreamsGradWeight(DetectCpuIdentity())) &&
+      !Bf16WeightGradOnDot(s)) {
+    t.base_n = s.n;
+  }
   const MoeTileColumns columns = MoeTileColumnsOf(s.n, t.base_n);
   t.base_n = columns.base;
   t.col_blocks = columns.blocks;
@@ -227,8 +255,7 @@ MoeTileGemmShape GroupedMatmulTileGemmShape(const GroupedMatmulShape& s) {
   // MoeTileGemmShape::bf16_dot_where_faster). Zen 5, one-process harness, 2 threads, median of
   // per-round ratios, dot kernel over brgemm: S1 1.117, S4 1.097; S2 (256 rows an expert, one
   // chunk each) 0.964, S3 (136) 1.00: those keep brgemm (docs/benchmarks.md, session 41).
-  g.bf16_dot_where_faster = s.op == GroupedMatmulOp::kWeightGrad && t.gemm_dtype == DType::kBF16 &&
-                            s.m > s.g * (t.reduce + GroupedMatmulReduceFold(t.reduce));
+  g.bf16_dot_where_faster = Bf16WeightGradAddsChunks(s);
   return g;
 }
 

@@ -229,6 +229,13 @@ TEST(grouped_matmul_plan, WeightGradBf16OnTheDotKernelWhereExpertsTakeSeveralChu
       }
     }
   }
+  // Where auto takes the dot-product kernel for it, the columns go in blocks of whole panels, not
+  // in one block of all N (which only oneDNN's brgemm needs): S1's N 1408 in blocks of 128.
+  if (MoeTileGemmChoiceFromEnv() == MoeTileGemmChoice::kAuto && MoeOwnStreamedBf16OnDot(DetectCpuIdentity())) {
+    const GroupedMatmulShape s1 = Shape(GroupedMatmulOp::kWeightGrad, 8192, 2048, 1408, 8, DType::kBF16);
+    EXPECT_EQ(MakeGroupedMatmulPlan(s1, Machine(2)).base_n, 128);
+    EXPECT_EQ(DetectGroupedMatmulMachine(s1).gemm_backend, "gradkit");
+  }
 }
 
 // The forward's float32 and bfloat16 k-blocks name each next weight block to the GEMM
