@@ -233,10 +233,12 @@ def test_plans_print_json(cli):
     assert grad["op"] == "grouped_matmul_weight_grad" and grad["x"] == "tokens"
     split = grad["work_split"]
     # 8 experts x K 2048 in groups of 2 blocks of 256 x N 1408 in one group: 8 blocks of 176, or
-    # one of all N where bfloat16 writes float32 gradWeight from its GEMMs (CPUs that do not
-    # stream gradWeight: GroupedMatmulWholeRowTiles)
+    # one of all N where bfloat16 writes float32 gradWeight from oneDNN's GEMMs (CPUs that do not
+    # stream gradWeight: GroupedMatmulWholeRowTiles), or 11 of 128 (whole panels) where its 1024
+    # rows an expert run on the dot-product kernel (Zen 5: bf16_dot_where_faster)
     assert grad["threads"] == 32 and grad["machine_threads"] == 64  # at most one per unit
     assert (split["k_group_blocks"], split["units"]) == (2, 8 * 4 * 1)
-    whole_rows = (1408, 1, 1) if grad["out_direct"] else (176, 8, 8)
-    assert (grad["base_n"], split["col_blocks"], split["n_group_blocks"]) == whole_rows
+    on_dot = any("dot-product" in impl for impl in grad["gemm_impl"].values())
+    columns = (128, 11, 11) if on_dot else (1408, 1, 1) if grad["out_direct"] else (176, 8, 8)
+    assert (grad["base_n"], split["col_blocks"], split["n_group_blocks"]) == columns
     assert grad["out_direct"] != grad["stream_out"]
