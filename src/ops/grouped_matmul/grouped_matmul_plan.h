@@ -180,8 +180,9 @@ bool GroupedMatmulStreamsGradWeight(const CpuIdentity& cpu);
 // session 27). oneDNN 2.6 has no brgemm for such a strided C: the shape runs on gradkit's
 // micro-kernel (MoeTileGemm auto), which without direct writes ran S2 82, 78 and S3 86, 80 there;
 // with GRADKIT_GEMM=onednn the GEMM keeps C tiles.
-// bfloat16 GEMMs write gradWeight direct only where N <= kGroupedMatmulGradGroupCols, through
-// GroupedMatmulWholeRowTiles.
+// bfloat16 GEMMs write gradWeight direct only where N <= kGroupedMatmulGradGroupCols: on oneDNN's
+// brgemm through GroupedMatmulWholeRowTiles, on gradkit's dot-product kernel (where the weight
+// grad's experts take several chunks, Zen 5) in column blocks of whole panels.
 bool GroupedMatmulWritesGradWeightDirect(const GroupedMatmulShape& shape, bool streams_grad_weight);
 // bfloat16 weight grad writing gradWeight direct: its tiles span all N (base_n = N, one column
 // block), so C's row stride N is the GEMM's own width and oneDNN 2.6 runs it on brgemm (a strided
