@@ -306,9 +306,40 @@ int64_t DotBlockRows(int64_t rows, int64_t full, int64_t r0) {
   return r0 < full * kMicroRows ? kMicroRows : left < kMicroRows ? left : left / 2;
 }
 
+// With B^T's rows (b_kn, row stride ldb) packed on the way: the rows of the panel after
+// (reduction block k0, panel n0) (the next panel of the block, or the next block's first), to ask
+// for over the register blocks of (k0, n0) after its packing one, so that the next packing block
+// finds them in cache instead of waiting on memory (it asks only kDotPackAheadRows ahead, too
+// late for rows each on its own page). Empty where there is no next panel or no block after the
+// packing one. GroupedMatmul S3 bfloat16 (137 rows an expert, 12 register blocks a panel), Zen 5,
+// one-process harness, 2 threads, median of per-round ratios: 1.074, 1.075, 1.101; S1 1.005, S2
+// 1.026, S4 1.009; the weight grad S1 1.020, S4 1.001; the same bits (docs/benchmarks.md,
+// session 41).
+GK_BF16DOT_TARGET MoeMicroPrefetch NextPanelRows(const uint16_t* b_kn, int64_t ldb, int64_t width,
+                                                 int64_t reduce, int64_t kc_base, int64_t k0, int64_t n0,
+                                                 int64_t rows, int64_t full) {
+  int64_t next_k0 = k0, next_n0 = n0 + kNr;
+  if (next_n0 >= width) next_n0 = 0, next_k0 = k0 + kc_base;
+  int64_t blocks = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += DotBlockRows(rows, full, r0)) ++blocks;
+  if (next_k0 >= reduce || blocks < 2) return {};
+  const auto* first = reinterpret_cast<const char*>(b_kn + next_k0 * ldb + next_n0);
+  const int64_t stride = ldb * 2;
+  const int64_t bytes = std::min(kNr, width - next_n0) * 2;
+  // Both lines of a row's columns where they may straddle two.
+  const bool aligned = reinterpret_cast<uintptr_t>(first) % 64 == 0 && stride % 64 == 0;
+  const int64_t row_bytes = aligned ? RoundUp(bytes, int64_t{64}) : bytes + 64;
+  const int64_t krows = std::min(kc_base, reduce - next_k0);
+  MoeMicroPrefetch p{};
+  p.base = first, p.rows = krows, p.row_bytes = row_bytes, p.stride = stride;
+  p.per_block = CeilDiv(krows * row_bytes / 64, blocks - 1);
+  return p;
+}
+
 // Rows [0, rows) of a call: the reduction in blocks of kc_base (even), each block's panels in
 // turn over every row block. With b_kn (B^T's rows, row stride ldb), the first register block of
-// each reduction block and panel packs that part of `packed` as it multiplies.
+// each reduction block and panel packs that part of `packed` as it multiplies, and the blocks
+// after it fetch the next panel's rows (NextPanelRows).
 GK_BF16DOT_TARGET void DotGemmRows(int64_t rows, int64_t width, int64_t reduce, int64_t kc_base,
                                    const uint16_t* a, int64_t lda, const uint16_t* packed, float* c,
                                    int64_t ldc, bool accumulate, MoeMicroPrefetch* pf,
@@ -321,6 +352,10 @@ GK_BF16DOT_TARGET void DotGemmRows(int64_t rows, int64_t width, int64_t reduce, 
       const uint16_t* panel = packed + n0 * pairs * 2 + k0 * kNr;
       const int64_t cols = std::min(kNr, width - n0);
       const int64_t full = FullDotBlocks(rows);
+      // Packing on the way, the register blocks after the packing one ask for the next panel's
+      // rows in place of the caller's stream (which the tile GEMM's worker leaves empty then).
+      MoeMicroPrefetch next_panel{};
+      if (b_kn != nullptr) next_panel = NextPanelRows(b_kn, ldb, width, reduce, kc_base, k0, n0, rows, full);
       for (int64_t r0 = 0; r0 < rows;) {
         const int64_t mr = DotBlockRows(rows, full, r0);
         const int64_t next = std::min(rows, r0 + mr + kMicroRows);
@@ -332,7 +367,8 @@ GK_BF16DOT_TARGET void DotGemmRows(int64_t rows, int64_t width, int64_t reduce, 
                  cols >= 32 ? ~__mmask32{0} : (__mmask32{1} << cols) - 1, PairIndex(0), PairIndex(1)};
         }
         DotBlockUpTo<kMicroRows>(mr, kc / 2, kc % 2 != 0, a + r0 * lda + k0, lda, panel,
-                                 c + r0 * ldc + n0, ldc, cols, load_c, pf,
+                                 c + r0 * ldc + n0, ldc, cols, load_c,
+                                 b_kn == nullptr ? pf : r0 == 0 ? nullptr : &next_panel,
                                  src.rows != nullptr ? &src : nullptr);
         r0 += mr;
       }

@@ -53,7 +53,9 @@ void MoeBf16DotGemm(int64_t rows, int64_t width, int64_t reduce, const void* a, 
 // As MoeBf16DotGemm, with B packed on the way: b_kn holds B^T's rows (b_kn[k * ldb + n]), and
 // the first register block of each reduction block and panel packs that part of `b_packed` (as
 // MoeBf16DotPackB with kn) while it multiplies; later row blocks, and later calls on the same B,
-// read what it stored. The same bits as MoeBf16DotPackB then MoeBf16DotGemm.
+// read what it stored. Where it packs, the register blocks after each packing one fetch the next
+// panel's B^T rows meanwhile, in place of `prefetch`. The same bits as MoeBf16DotPackB then
+// MoeBf16DotGemm.
 void MoeBf16DotGemmPackingKN(int64_t rows, int64_t width, int64_t reduce, const void* a, int64_t lda,
                              const void* b_kn, int64_t ldb, void* b_packed, float* c, int64_t ldc,
                              bool accumulate, MoeMicroPrefetch* prefetch = nullptr);
