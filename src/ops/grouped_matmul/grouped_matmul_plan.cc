@@ -104,6 +104,7 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   Tiles t{};
   t.gemm_dtype = s.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
   const bool forward = s.op == GroupedMatmulOp::kForward;
+  const bool weight_grad_on_dot = Bf16WeightGradOnDot(s);
   // Tile rows: x rows (forward) or K (weight grad), as the fused op: min(best, extent) rounded up
   // to the padding granule.
   const int64_t extent = forward ? std::max<int64_t>(s.m, 1) : s.k;
@@ -127,9 +128,9 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
     }
     return int64_t{0};
   };
-  const int64_t panel = t.gemm_dtype == DType::kF32                  ? MoeMicroPanelWidth()
-                        : Bf16ForwardOnDot(s) || Bf16WeightGradOnDot(s) ? kMoeBf16DotPanel
-                                                                        : int64_t{16};
+  const int64_t panel = t.gemm_dtype == DType::kF32                ? MoeMicroPanelWidth()
+                        : Bf16ForwardOnDot(s) || weight_grad_on_dot ? kMoeBf16DotPanel
+                                                                      : int64_t{16};
   int64_t width = widest_dividing(panel);
   if (width == 0 && panel != 16) width = widest_dividing(16);
   if (width > 0) t.base_n = width;
@@ -140,7 +141,7 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   // gradWeight) are dense in the GEMM's own width, which oneDNN 2.6 runs on brgemm (not where the
   // dot-product kernel runs them, which takes any row stride).
   if (GroupedMatmulWholeRowTiles(s, GroupedMatmulStreamsGradWeight(DetectCpuIdentity())) &&
-      !Bf16WeightGradOnDot(s)) {
+      !weight_grad_on_dot) {
     t.base_n = s.n;
   }
   const MoeTileColumns columns = MoeTileColumnsOf(s.n, t.base_n);

@@ -315,13 +315,12 @@ int64_t DotBlockRows(int64_t rows, int64_t full, int64_t r0) {
 // one-process harness, 2 threads, median of per-round ratios: 1.074, 1.075, 1.101; S1 1.005, S2
 // 1.026, S4 1.009; the weight grad S1 1.020, S4 1.001; the same bits (docs/benchmarks.md,
 // session 41).
+// `blocks`: the register blocks of each panel (the call's row blocks).
 GK_BF16DOT_TARGET MoeMicroPrefetch NextPanelRows(const uint16_t* b_kn, int64_t ldb, int64_t width,
                                                  int64_t reduce, int64_t kc_base, int64_t k0, int64_t n0,
-                                                 int64_t rows, int64_t full) {
+                                                 int64_t blocks) {
   int64_t next_k0 = k0, next_n0 = n0 + kNr;
   if (next_n0 >= width) next_n0 = 0, next_k0 = k0 + kc_base;
-  int64_t blocks = 0;
-  for (int64_t r0 = 0; r0 < rows; r0 += DotBlockRows(rows, full, r0)) ++blocks;
   if (next_k0 >= reduce || blocks < 2) return {};
   const auto* first = reinterpret_cast<const char*>(b_kn + next_k0 * ldb + next_n0);
   const int64_t stride = ldb * 2;
@@ -345,17 +344,19 @@ GK_BF16DOT_TARGET void DotGemmRows(int64_t rows, int64_t width, int64_t reduce, 
                                    int64_t ldc, bool accumulate, MoeMicroPrefetch* pf,
                                    const uint16_t* b_kn = nullptr, int64_t ldb = 0) {
   const int64_t pairs = CeilDiv(reduce, int64_t{2});
+  const int64_t full = FullDotBlocks(rows);
+  int64_t blocks = 0;  // register blocks a panel
+  for (int64_t r0 = 0; r0 < rows; r0 += DotBlockRows(rows, full, r0)) ++blocks;
   for (int64_t k0 = 0; k0 < reduce; k0 += kc_base) {
     const int64_t kc = std::min(kc_base, reduce - k0);
     const bool load_c = accumulate || k0 > 0;
     for (int64_t n0 = 0; n0 < width; n0 += kNr) {
       const uint16_t* panel = packed + n0 * pairs * 2 + k0 * kNr;
       const int64_t cols = std::min(kNr, width - n0);
-      const int64_t full = FullDotBlocks(rows);
       // Packing on the way, the register blocks after the packing one ask for the next panel's
       // rows in place of the caller's stream (which the tile GEMM's worker leaves empty then).
       MoeMicroPrefetch next_panel{};
-      if (b_kn != nullptr) next_panel = NextPanelRows(b_kn, ldb, width, reduce, kc_base, k0, n0, rows, full);
+      if (b_kn != nullptr) next_panel = NextPanelRows(b_kn, ldb, width, reduce, kc_base, k0, n0, blocks);
       for (int64_t r0 = 0; r0 < rows;) {
         const int64_t mr = DotBlockRows(rows, full, r0);
         const int64_t next = std::min(rows, r0 + mr + kMicroRows);

@@ -52,8 +52,7 @@ class MicroTileGemm final : public MoeTileGemm {
  public:
   explicit MicroTileGemm(const MoeTileGemmShape& shape)
       : shape_(shape),
-        dot_(shape.gemm_dtype == DType::kBF16 && (shape.streamed_b || shape.bf16_dot_where_faster) &&
-             MoeBf16DotAvailable()) {
+        dot_(shape.AsksBf16Dot() && MoeBf16DotAvailable()) {
     uint64_t packed = 0;
     for (const int64_t width : shape.widths) {
       for (const auto& step : shape.steps) {
@@ -971,9 +970,8 @@ std::unique_ptr<MoeTileGemm> MoeTileGemm::Create(const MoeTileGemmShape& shape) 
   const CpuIdentity cpu = DetectCpuIdentity();
   const bool own_faster =
       (shape.gemm_dtype == DType::kF32 && shape.own_f32_where_faster && MoeOwnF32TilesOutrunBrgemm(cpu)) ||
-      (shape.streamed_b && (shape.gemm_dtype == DType::kF32 ? MoeOwnStreamedOutrunsBrgemm(cpu)
-                                                            : MoeOwnStreamedBf16OnDot(cpu))) ||
-      (shape.gemm_dtype == DType::kBF16 && shape.bf16_dot_where_faster && MoeOwnStreamedBf16OnDot(cpu));
+      (shape.gemm_dtype == DType::kF32 && shape.streamed_b && MoeOwnStreamedOutrunsBrgemm(cpu)) ||
+      (shape.AsksBf16Dot() && MoeOwnStreamedBf16OnDot(cpu));
   if (choice == MoeTileGemmChoice::kOneDnn ||
       (choice == MoeTileGemmChoice::kAuto && !own_faster && OneDnnRunsBrgemm(shape))) {
     try {

@@ -78,8 +78,13 @@ struct MoeTileGemmShape {
   // gradWeight rows summed chunk after chunk): auto takes the own dot-product kernel
   // (moe_grad_bf16dot.h), which asks for each next register block's C rows while it multiplies,
   // on CPUs of MoeOwnStreamedBf16OnDot. oneDNN 2.6's brgemm, adding by a sum post-op, ran each
-  // such call 20-35% slower than a call that only writes C (Zen 5, docs/benchmarks.md, session 41).
+  // such call 16-35% slower than a call that only writes C (Zen 5, docs/benchmarks.md, session 41).
   bool bf16_dot_where_faster = false;
+
+  // Whether the caller asks for the bfloat16 dot-product kernel (streamed_b or
+  // bf16_dot_where_faster in bfloat16): the own kernel runs on it where the CPU has it, and auto
+  // takes the own kernel on CPUs of MoeOwnStreamedBf16OnDot.
+  bool AsksBf16Dot() const { return gemm_dtype == DType::kBF16 && (streamed_b || bf16_dot_where_faster); }
 };
 
 // CPUs where oneDNN 2.6's float32 brgemm loses to the micro-kernel on the fused op's tiles (and
