@@ -121,6 +121,7 @@ Tiles ChooseTiles(const GroupedMatmulShape& s) {
   // oneDNN), two rounds, S1 90, 87 -> 95, 95 and S4 90, 86 -> 95, 89, while oneDNN's gemm:jit
   // (its default here) took either width alike, S1 100, 104 -> 102, 99 (session 32). oneDNN's
   // brgemm takes either width too (not measured on the Intel CPUs where it runs these tiles).
+  // bfloat16 on the dot-product kernel likewise for its 64-column panel (kMoeBf16DotPanel).
   t.base_n = std::min(kGroupedMatmulBaseN, s.n);
   const auto widest_dividing = [&](int64_t step) {
     for (int64_t width = kGroupedMatmulBaseN; width >= kGroupedMatmulBaseN / 2 && s.n > width; width -= step) {

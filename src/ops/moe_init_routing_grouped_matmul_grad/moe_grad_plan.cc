@@ -8,6 +8,7 @@
 
 #include "core/plan_math.h"
 #include "core/thread_pool.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 
@@ -193,7 +194,9 @@ bool MoeGradStreamsWeights(const MoeGradShape& shape, const MoeGradTiles& tiles)
   const uint64_t row_bytes = static_cast<uint64_t>(shape.n) * 2;
   const uint64_t expert_rows = static_cast<uint64_t>(CeilDiv(shape.m, std::max<int64_t>(shape.g, 1)));
   const uint64_t block_bytes = static_cast<uint64_t>(tiles.base_n) * row_bytes;
-  return expert_rows * row_bytes + 2 * block_bytes <= kMoeGradStreamedBytes;
+  const uint64_t held_rows_bytes =
+      std::min(expert_rows * row_bytes, static_cast<uint64_t>(kMoeBf16DotAChunkBytes));
+  return held_rows_bytes + 2 * block_bytes <= kMoeGradStreamedBytes;
 }
 
 bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_any_stride) {

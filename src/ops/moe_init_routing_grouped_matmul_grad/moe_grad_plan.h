@@ -154,13 +154,15 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape, bool gemm_any_stride)
 // Whether the tiles' GEMMs stream their weights (MoeTileGemmShape::streamed_b: auto runs them on
 // gradkit's dot-product kernel where MoeOwnStreamedBf16OnDot, which fetches the next weight block
 // while it multiplies; oneDNN elsewhere, as before): bfloat16 with one k-block (B prepared once
-// per expert and column block), where an expert's average gradY rows and two weight blocks fit
-// in kMoeGradStreamedBytes. With few rows per expert, packing each block from memory (on
-// oneDNN a pass of its own, at about 10 GB/s a core) is a large share of the time; the dot kernel
-// fetches the block behind the arithmetic instead, which needs the fetched block to stay in L2.
-// Measured on Zen 5, percent of dense: S2 (256 rows an expert, 384 KiB + 2 x 192 KiB) on oneDNN
-// 78-83, streamed 84-92 (the final code, four rounds; 87-91 on earlier builds of the change); S3
-// (544 KiB + 2 x 256 KiB) and S1 (2.8 MiB) lost (docs/benchmarks.md, session 36).
+// per expert and column block), where the gradY rows the kernel holds in L2 (an expert's average
+// rows, at most its chunk of A rows, kMoeBf16DotAChunkBytes; the rest stream through) and two
+// weight blocks fit in kMoeGradStreamedBytes. With few rows per expert, packing each block from
+// memory (on oneDNN a pass of its own, at about 10 GB/s a core) is a large share of the time; the
+// dot kernel fetches the block behind the arithmetic instead, which needs the fetched block to
+// stay in L2. Measured on Zen 5, percent of dense: S2 (256 rows an expert, 384 KiB + 2 x 192 KiB)
+// on oneDNN 78-83, streamed 84-92 (session 36); S3 (137 rows, 256 of 548 KiB + 2 x 256 KiB) on
+// the 6 x 64 kernel 1.02-1.07x oneDNN's (session 43; on session 36's 12 x 32 kernel it lost);
+// S1 and S4 (704 KiB blocks) equal to oneDNN's, left on it (docs/benchmarks.md).
 bool MoeGradStreamsWeights(const MoeGradShape& shape, const MoeGradTiles& tiles);
 
 // Whether each k-block of a weight block is copied into the thread's B tile first. On a GEMM

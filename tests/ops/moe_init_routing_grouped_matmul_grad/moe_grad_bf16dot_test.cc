@@ -4,9 +4,9 @@
 // and from its transpose's rows gives the same bytes, zeros past the width and the reduction; a
 // reduction split at an even k continues the chains; B packed by the kernel as it multiplies gives
 // the same bytes and bits; lines asked for meanwhile change no bit.
-// Sizes from the kernel's blocks: rows around its 12-row register block (every split of a rest
-// into one or two blocks), widths around its 32-column panel, reductions around
-// kMoeMicroReduceBlock and odd.
+// Sizes from the kernel's blocks: rows around its 6-row register block (every split of a rest
+// into one or two blocks), widths around its 64-column panel (and its 32-column halves),
+// reductions around kMoeBf16DotReduceBlock (cut into two or three blocks) and odd.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -20,7 +20,8 @@
 namespace gk {
 namespace {
 
-constexpr int64_t kRowBlock = 12;
+constexpr int64_t kRowBlock = kMoeBf16DotRows;
+constexpr int64_t kReduceBlock = kMoeBf16DotReduceBlock;
 
 // bfloat16 values from a hash: small, of both signs, never NaN; their products are exact in
 // float32 (8 significant bits each).
@@ -37,9 +38,15 @@ float Bf16(uint16_t bits) { return LoadAsF32(&bits, 0, DType::kBF16); }
 
 std::vector<int64_t> RowCounts() {
   std::vector<int64_t> rows;
-  for (int64_t r = 1; r <= 2 * kRowBlock + 6; ++r) rows.push_back(r);
-  rows.push_back(4 * kRowBlock + 5);
+  for (int64_t r = 1; r <= 3 * kRowBlock + 2; ++r) rows.push_back(r);
+  rows.push_back(8 * kRowBlock + 5);
   return rows;
+}
+
+// Fewer, for the long reductions: a full block, every rest (1 and 2 split with the last full
+// block), two blocks and more.
+std::vector<int64_t> FewRowCounts() {
+  return {1, 2, kRowBlock - 1, kRowBlock, kRowBlock + 1, kRowBlock + 2, 2 * kRowBlock + 3, 3 * kRowBlock + 1};
 }
 
 struct Operands {
@@ -89,10 +96,12 @@ class MoeBf16DotTest : public ::testing::Test {
 };
 
 TEST_F(MoeBf16DotTest, EachElementIsTheInstructionsChain) {
-  const int64_t nr = kMoeBf16DotPanel, kb = kMoeMicroReduceBlock;
-  for (int64_t rows : RowCounts()) {
-    for (int64_t width : {int64_t{1}, nr / 2 + 1, nr, nr + 1, 2 * nr + 3}) {
-      for (int64_t reduce : {int64_t{1}, int64_t{2}, int64_t{7}, kb, kb + 1, 2 * kb + 40}) {
+  const int64_t nr = kMoeBf16DotPanel, kb = kReduceBlock;
+  for (int64_t reduce : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{33}, kb, kb + 1, 2 * kb + 40}) {
+    const bool long_reduce = reduce >= kb;
+    for (int64_t rows : long_reduce ? FewRowCounts() : RowCounts()) {
+      for (int64_t width : {int64_t{1}, nr / 2 + 1, nr, nr + 1, 2 * nr + 3}) {
+        if (long_reduce && (width == nr / 2 + 1 || width == nr + 1)) continue;
         for (const auto& [accumulate, ldc] : {std::pair{false, width + 5}, std::pair{true, width + 5},
                                               std::pair{true, width + 1029}}) {
           SCOPED_TRACE(::testing::Message() << "rows " << rows << " width " << width << " reduce "
@@ -151,12 +160,12 @@ TEST_F(MoeBf16DotTest, BothPackersGiveTheSameBytes) {
 // widths around the panel, reductions around the reduction block and odd, with and without C's
 // start; a call without rows packs it all.
 TEST_F(MoeBf16DotTest, PackingOnTheWayGivesTheSameBytesAndBits) {
-  const int64_t nr = kMoeBf16DotPanel, kb = kMoeMicroReduceBlock;
+  const int64_t nr = kMoeBf16DotPanel, kb = kReduceBlock;
   std::vector<int64_t> row_counts = RowCounts();
   row_counts.push_back(0);
-  row_counts.push_back(40 * kRowBlock + 5);  // past the kernel's 256 KiB chunk of A and C rows
+  row_counts.push_back(30 * kRowBlock + 5);  // past the kernel's 256 KiB chunk of A and C rows
   for (int64_t rows : row_counts) {
-    for (int64_t width : {int64_t{1}, nr, nr + 1, 3 * nr + 7}) {
+    for (int64_t width : {int64_t{1}, nr / 2 + 1, nr, nr + 1, 3 * nr + 7}) {
       for (int64_t reduce : {int64_t{1}, int64_t{7}, kb, kb + 1, 2 * kb + 40}) {
         for (bool accumulate : {false, true}) {
           SCOPED_TRACE(::testing::Message() << "rows " << rows << " width " << width << " reduce " << reduce
@@ -183,13 +192,13 @@ TEST_F(MoeBf16DotTest, PackingOnTheWayGivesTheSameBytesAndBits) {
 // call: the second call continues the first one's chains.
 TEST_F(MoeBf16DotTest, SplitAtEvenKContinuesTheChains) {
   const int64_t rows = 2 * kRowBlock + 1, width = 2 * kMoeBf16DotPanel + 1;
-  const int64_t reduce = kMoeMicroReduceBlock + 71;
+  const int64_t reduce = kReduceBlock + 71;
   const Operands op(rows, width, reduce, 99);
   std::vector<uint16_t> packed = op.Packed();
   std::vector<float> whole(static_cast<size_t>(rows * width));
   MoeBf16DotGemm(rows, width, reduce, op.a.data(), op.lda, Operands::Aligned(packed), whole.data(),
                  width, false);
-  for (int64_t split : {int64_t{2}, int64_t{34}, kMoeMicroReduceBlock}) {
+  for (int64_t split : {int64_t{2}, int64_t{34}, int64_t{256}, kReduceBlock}) {
     std::vector<uint16_t> first(MoeBf16DotPackedBytes(width, split) / 2 + 32);
     std::vector<uint16_t> second(MoeBf16DotPackedBytes(width, reduce - split) / 2 + 32);
     MoeBf16DotPackB(width, split, op.b.data(), op.ldb, false, Operands::Aligned(first));
@@ -207,7 +216,7 @@ TEST_F(MoeBf16DotTest, SplitAtEvenKContinuesTheChains) {
 // block) change no bit, are all asked for once the call ran 22 register blocks, and none past the
 // buffer's rows.
 TEST_F(MoeBf16DotTest, PrefetchChangesNoBit) {
-  const int64_t nr = kMoeBf16DotPanel, kb = kMoeMicroReduceBlock;
+  const int64_t nr = kMoeBf16DotPanel, kb = kReduceBlock;
   const std::vector<float> elsewhere(4096, 1.0f);
   for (int64_t rows : RowCounts()) {
     for (int64_t width : {int64_t{1}, nr, 2 * nr + 3}) {

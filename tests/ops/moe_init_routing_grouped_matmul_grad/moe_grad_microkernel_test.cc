@@ -322,11 +322,13 @@ MoeGradShape SmallShape(DType dtype) {
 // auto: oneDNN exactly where it has brgemm kernels for the dtype (decided from the CPU here) and
 // neither the fused op's float32 tiles nor its streamed bfloat16 ones (MoeGradStreamsWeights)
 // are faster on gradkit's kernels on this CPU, else gradkit's, whose rows need no padding. A
-// shape of short experts (streamed in bfloat16) and one of long experts (not).
+// shape of short experts (streamed in bfloat16) and one of long experts in wide weight blocks
+// (S1's: not).
 TEST(moe_grad_gemm, AutoTakesOneDnnWhereItHasBrgemm) {
   const EnvScope scope("GRADKIT_GEMM", "auto");
   MoeGradShape long_experts = SmallShape(DType::kF32);
-  long_experts.batch = 2048, long_experts.m = long_experts.l = 4096, long_experts.n = 768;
+  long_experts.batch = 2048, long_experts.m = long_experts.l = 4096, long_experts.k = 2048;
+  long_experts.n = 1408;
   for (const MoeGradShape& base : {SmallShape(DType::kF32), long_experts}) {
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       MoeGradShape shape = base;

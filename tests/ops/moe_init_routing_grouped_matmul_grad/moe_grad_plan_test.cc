@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/plan_math.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_plan.h"
@@ -234,10 +235,12 @@ TEST(moe_grad_plan, WorkspaceDoesNotGrowWithM) {
   }
 }
 
-// Weights stream (the next block fetched during the GEMMs) for bfloat16 with one k-block where an
-// expert's average gradY rows and two weight blocks fit in kMoeGradStreamedBytes: of the
-// benchmark's shapes S2 only; never float32 or float16, never with k-blocks. The boundary from
-// the rule's own terms: one row more per expert crosses it.
+// Weights stream (the next block fetched during the GEMMs) for bfloat16 with one k-block where the
+// gradY rows the kernel holds (an expert's average, at most kMoeBf16DotAChunkBytes) and two
+// weight blocks fit in kMoeGradStreamedBytes: of the benchmark's shapes S2 and S3, not S1's long
+// experts of 704 KiB blocks; never float32 or float16, never with k-blocks. The boundary from the
+// rule's own terms: one row more per expert crosses it where the blocks leave less than a chunk,
+// and any number of rows past the chunk streams where they leave more.
 TEST(moe_grad_plan, WeightsStreamForBfloat16ShortExperts) {
   const auto streams = [](const MoeGradShape& s) {
     return MoeGradStreamsWeights(s, ChooseMoeGradTiles(s, /*gemm_any_stride=*/true));
@@ -247,30 +250,39 @@ TEST(moe_grad_plan, WeightsStreamForBfloat16ShortExperts) {
   const MoeGradShape s3 = Shape(1024, 8, 60, 7168, 2048, DType::kBF16);
   EXPECT_FALSE(streams(s1));
   EXPECT_TRUE(streams(s2));
-  EXPECT_FALSE(streams(s3));
+  EXPECT_TRUE(streams(s3));
   for (DType dtype : {DType::kF32, DType::kF16}) {
     MoeGradShape other = s2;
     other.dtype = dtype;
     EXPECT_FALSE(streams(other)) << DTypeName(dtype);
   }
-  // Rows per expert at the boundary: rows * row + 2 * block <= the bytes.
-  const MoeGradTiles t2 = ChooseMoeGradTiles(s2, true);
-  const int64_t row = s2.n * 2, block = t2.base_n * row;
-  const int64_t most_rows = (static_cast<int64_t>(kMoeGradStreamedBytes) - 2 * block) / row;
-  MoeGradShape at = s2, past = s2;
-  at.m = at.l = most_rows * s2.g;
-  past.m = past.l = (most_rows + 1) * s2.g;
-  ASSERT_EQ(ChooseMoeGradTiles(at, true).base_n, t2.base_n);
-  ASSERT_EQ(ChooseMoeGradTiles(past, true).base_n, t2.base_n);
-  EXPECT_TRUE(streams(at));
-  EXPECT_FALSE(streams(past));
+  // Rows per expert at the boundary (rows * row + 2 * block <= the bytes) where the two blocks
+  // leave less than a chunk: S3's rows of 7 KiB in its 64-column blocks (448 KiB), the tiles held.
+  const MoeGradShape wide = Shape(1024, 8, 60, 7168, 3584, DType::kBF16);
+  const MoeGradTiles tw = ChooseMoeGradTiles(wide, true);
+  ASSERT_EQ(tw.k_blocks, 1);
+  const int64_t row = wide.n * 2, block = tw.base_n * row;
+  const int64_t room = static_cast<int64_t>(kMoeGradStreamedBytes) - 2 * block;
+  ASSERT_GT(room, row);
+  ASSERT_LT(room, kMoeBf16DotAChunkBytes);
+  const int64_t most_rows = room / row;
+  MoeGradShape at = wide, past = wide;
+  at.m = at.l = most_rows * wide.g;
+  past.m = past.l = (most_rows + 1) * wide.g;
+  EXPECT_TRUE(MoeGradStreamsWeights(at, tw));
+  EXPECT_FALSE(MoeGradStreamsWeights(past, tw));
+  // Rows far past the chunk where the blocks leave a chunk's room: S3's tiles with 16 times its
+  // rows per expert.
+  MoeGradShape long_s3 = s3;
+  long_s3.m *= 16, long_s3.l *= 16;
+  EXPECT_TRUE(MoeGradStreamsWeights(long_s3, ChooseMoeGradTiles(s3, true)));
   // A reduction long enough for k-blocks: B is prepared per k-block, nothing streams.
   MoeGradShape long_n = Shape(64, 2, 8, 256, 65536, DType::kBF16);
   ASSERT_GT(ChooseMoeGradTiles(long_n, true).k_blocks, 1);
   EXPECT_FALSE(streams(long_n));
   // The GEMM shape carries it.
-  EXPECT_TRUE(MoeGradTileGemmShape(s2, true).streamed_b);
-  EXPECT_FALSE(MoeGradTileGemmShape(s3, true).streamed_b);
+  EXPECT_TRUE(MoeGradTileGemmShape(s3, true).streamed_b);
+  EXPECT_FALSE(MoeGradTileGemmShape(s1, true).streamed_b);
 }
 
 // The shapes with the machine's own GEMM library, 2 threads: at most 16 MiB each.

@@ -25,19 +25,19 @@ namespace gk {
 namespace {
 
 constexpr int64_t kNr = kMoeBf16DotPanel;
-constexpr int64_t kPairBytes = kNr * 2 * 2;  // one pair of reduction elements of a panel
-// Reduction elements per block: a panel's block (128 pairs x 32 columns, 16 KiB) stays in L1
-// while every row block runs over it, as the float32 micro-kernel's kMoeMicroReduceBlock floats.
-constexpr int64_t kKc = kMoeMicroReduceBlock;
-// What a call's A block and C rows may take of L2 (as the float32 micro-kernel).
-constexpr int64_t kL2Bytes = 256 << 10;
+constexpr int64_t kHalf = kNr / 2;         // the columns of one permute (two rows of 32 values)
+constexpr int64_t kPairElems = kNr * 2;    // a panel's pair of reduction elements: 256 bytes
+constexpr int64_t kKc = kMoeBf16DotReduceBlock;
 constexpr int kMicroRows = static_cast<int>(kMoeBf16DotRows);
 // B^T's rows packed a band at a time into every panel, the next band's rows fetched meanwhile.
 constexpr int64_t kKnRows = 16;
+// The register block asks for the panel's pairs this far ahead of the one it multiplies (into L1;
+// the panel's block is read from L2 by every register block after the first).
+constexpr int64_t kBAheadBytes = 1024;
 
 #if defined(GK_BF16DOT)
-// The lanes of a panel's first (second) 16 columns for a pair: elements j of row 2p and row
-// 2p + 1 side by side, picked from the 64 lanes of the two rows (row 2p's first).
+// The lanes of 32 columns' pairs, first (second) 16 columns: elements j of row 2p and row 2p + 1
+// side by side, picked from the 64 lanes of the two rows (row 2p's first).
 GK_BF16DOT_TARGET inline __m512i PairIndex(int half) {
   alignas(64) uint16_t index[32];
   for (int j = 0; j < 16; ++j) {
@@ -47,30 +47,39 @@ GK_BF16DOT_TARGET inline __m512i PairIndex(int half) {
   return _mm512_load_si512(index);
 }
 
-// A panel's pair from B^T's rows 2p (even) and 2p + 1 (odd), its 32 columns' two values side by
-// side, stored at `panel_pair` (two vectors); returned as the instruction reads them.
+// 32 columns of a pair from B^T's rows 2p (even) and 2p + 1 (odd), their two values side by side,
+// stored at `dst` (two vectors); returned as the instruction reads them.
 GK_BF16DOT_TARGET __attribute__((always_inline)) inline void StorePair(__m512i even, __m512i odd,
                                                                       __m512i lo_index, __m512i hi_index,
-                                                                      uint16_t* panel_pair, __m512bh& b0,
+                                                                      uint16_t* dst, __m512bh& b0,
                                                                       __m512bh& b1) {
   const __m512i w0 = _mm512_permutex2var_epi16(even, lo_index, odd);
   const __m512i w1 = _mm512_permutex2var_epi16(even, hi_index, odd);
-  _mm512_store_si512(panel_pair, w0);
-  _mm512_store_si512(panel_pair + kNr, w1);
+  _mm512_store_si512(dst, w0);
+  _mm512_store_si512(dst + kHalf, w1);
   b0 = (__m512bh)w0, b1 = (__m512bh)w1;
+}
+
+// The mask of the first `cols` (clamped to [0, lanes]) of `lanes` lanes.
+inline uint32_t FirstLanes(int64_t cols, int64_t lanes) {
+  const int64_t n = std::clamp<int64_t>(cols, 0, lanes);
+  return n >= 32 ? ~uint32_t{0} : (uint32_t{1} << n) - 1;
 }
 
 // Panel columns [n0, n0 + cols) of pairs [p0, p1) from B^T's rows (b[k * ldb + n], k < reduce).
 GK_BF16DOT_TARGET void PackPanelFromKN(const uint16_t* b, int64_t ldb, int64_t reduce, int64_t n0,
                                        int64_t cols, int64_t p0, int64_t p1, uint16_t* panel) {
-  const __mmask32 mask = cols >= 32 ? ~__mmask32{0} : (__mmask32{1} << cols) - 1;
   const __m512i lo = PairIndex(0), hi = PairIndex(1);
-  for (int64_t p = p0; p < p1; ++p) {
-    const __m512i even = _mm512_maskz_loadu_epi16(mask, b + 2 * p * ldb + n0);
-    const __m512i odd = 2 * p + 1 < reduce ? _mm512_maskz_loadu_epi16(mask, b + (2 * p + 1) * ldb + n0)
-                                           : _mm512_setzero_si512();
-    __m512bh b0, b1;
-    StorePair(even, odd, lo, hi, panel + p * kNr * 2, b0, b1);
+  for (int64_t half = 0; half < 2; ++half) {
+    const __mmask32 mask = FirstLanes(cols - kHalf * half, kHalf);
+    const uint16_t* col = b + n0 + kHalf * half;
+    for (int64_t p = p0; p < p1; ++p) {
+      const __m512i even = _mm512_maskz_loadu_epi16(mask, col + 2 * p * ldb);
+      const __m512i odd = 2 * p + 1 < reduce ? _mm512_maskz_loadu_epi16(mask, col + (2 * p + 1) * ldb)
+                                             : _mm512_setzero_si512();
+      __m512bh b0, b1;
+      StorePair(even, odd, lo, hi, panel + p * kPairElems + 2 * kHalf * half, b0, b1);
+    }
   }
 }
 
@@ -131,53 +140,37 @@ GK_BF16DOT_TARGET void PackFromRows(const uint16_t* b, int64_t ldb, int64_t widt
   for (int64_t n0 = 0; n0 < width; n0 += kNr) {
     const int64_t cols = std::min(kNr, width - n0);
     uint16_t* panel = dst + n0 * pairs * 2;
-    for (int64_t half = 0; half < 2; ++half) {
-      const int64_t in_half = std::clamp<int64_t>(cols - 16 * half, 0, 16);
+    for (int64_t quarter = 0; quarter < kNr / 16; ++quarter) {
+      const int64_t in_quarter = std::clamp<int64_t>(cols - 16 * quarter, 0, 16);
       for (int64_t p0 = 0; p0 < whole; p0 += 16) {
         const int64_t count = std::min<int64_t>(16, whole - p0);
         const __mmask16 words = static_cast<__mmask16>((uint32_t{1} << count) - 1);
         __m512i r[16];
         for (int64_t i = 0; i < 16; ++i) {
-          r[i] = i < in_half ? _mm512_maskz_loadu_epi32(words, b + (n0 + 16 * half + i) * ldb + 2 * p0)
-                             : _mm512_setzero_si512();
+          r[i] = i < in_quarter ? _mm512_maskz_loadu_epi32(words, b + (n0 + 16 * quarter + i) * ldb + 2 * p0)
+                                : _mm512_setzero_si512();
         }
         Transpose16x16Words(r);
         for (int64_t c = 0; c < count; ++c) {
-          _mm512_store_si512(panel + (p0 + c) * kNr * 2 + 16 * half * 2, r[c]);
+          _mm512_store_si512(panel + (p0 + c) * kPairElems + 16 * quarter * 2, r[c]);
         }
       }
     }
     if (whole < pairs) {  // the last element, paired with a zero
-      uint16_t* last = panel + whole * kNr * 2;
-      std::memset(last, 0, kPairBytes);
+      uint16_t* last = panel + whole * kPairElems;
+      std::memset(last, 0, kPairElems * 2);
       for (int64_t n = 0; n < cols; ++n) last[2 * n] = b[(n0 + n) * ldb + reduce - 1];
     }
   }
 }
 
-// One pair of reduction elements of MR rows (each row's pair one 32-bit word of A, at a_pair +
-// r ld bytes) times a panel's pair (b0, b1).
-template <int MR>
-GK_BF16DOT_TARGET __attribute__((always_inline)) inline void DotPair(const char* a_pair, int64_t ld,
-                                                                    __m512bh b0, __m512bh b1,
-                                                                    __m512 (&lo)[MR], __m512 (&hi)[MR]) {
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-    int32_t word;
-    std::memcpy(&word, a_pair + r * ld, 4);
-    const __m512bh av = (__m512bh)_mm512_set1_epi32(word);
-    lo[r] = _mm512_dpbf16_ps(lo[r], av, b0);
-    hi[r] = _mm512_dpbf16_ps(hi[r], av, b1);
-  }
-}
-
 // B^T's rows that a register block packs on the way (MoeBf16DotGemmPackingKN): row k of the
 // panel's `cols` columns at rows + k * ldb, `reduce` rows from the reduction block's first;
-// `mask` those columns, the indices StorePair's.
+// mask0 (mask1) the first (second) 32 columns' lanes, the indices StorePair's.
 struct DotKnSource {
   const uint16_t* rows;
   int64_t ldb, cols, reduce;
-  __mmask32 mask;
+  __mmask32 mask0, mask1;
   __m512i lo_index, hi_index;
 };
 
@@ -187,123 +180,156 @@ struct DotKnSource {
 // GEMMs had them there in time (docs/benchmarks.md, session 37).
 constexpr int64_t kDotPackAheadRows = 16;
 
-// Pair p of the panel times MR rows of A: read from the packed panel, or with kPack first packed
-// from B^T's rows 2p and 2p + 1 (as PackPanelFromKN) and stored there. The rows asked for ahead
-// may lie past the block (a prefetch never faults).
+// A register block's accumulators: MR rows x 4 vectors of 16 columns.
+template <int MR>
+using DotAcc = __m512[MR][4];
+
+// Pair p of the panel times MR rows of A (each row's pair one 32-bit word of A, at a_pair + r ld
+// bytes): the pair read from the packed panel, or with kPack first packed from B^T's rows 2p and
+// 2p + 1 (as PackPanelFromKN) and stored there. The lines asked for ahead may lie past the block
+// (a prefetch never faults).
 template <int MR, bool kPack>
 GK_BF16DOT_TARGET __attribute__((always_inline)) inline void DotStep(const char* a_pair, int64_t ld,
                                                                     const uint16_t* panel, int64_t p,
                                                                     const DotKnSource* src,
-                                                                    __m512 (&lo)[MR], __m512 (&hi)[MR]) {
-  __m512bh b0, b1;
+                                                                    DotAcc<MR>& acc) {
+  __m512bh b[4];
+  const uint16_t* pair = panel + p * kPairElems;
   if constexpr (kPack) {
     const uint16_t* even_row = src->rows + 2 * p * src->ldb;
     const char* ahead = reinterpret_cast<const char*>(even_row + kDotPackAheadRows * src->ldb);
     const int64_t row_bytes = src->ldb * 2;
-    // Both lines of a panel's 64 bytes where the rows are not 64-byte aligned (one asked for
-    // alone ran S3 at 78% of the stream it replaced).
+    // The 128 bytes of a row's 64 columns span three lines where the rows are not 64-byte aligned.
     _mm_prefetch(ahead, _MM_HINT_T0);
-    _mm_prefetch(ahead + 63, _MM_HINT_T0);
+    _mm_prefetch(ahead + 64, _MM_HINT_T0);
+    _mm_prefetch(ahead + 127, _MM_HINT_T0);
     _mm_prefetch(ahead + row_bytes, _MM_HINT_T0);
-    _mm_prefetch(ahead + row_bytes + 63, _MM_HINT_T0);
-    const __m512i even = _mm512_maskz_loadu_epi16(src->mask, even_row);
-    const __m512i odd = 2 * p + 1 < src->reduce ? _mm512_maskz_loadu_epi16(src->mask, even_row + src->ldb)
-                                                : _mm512_setzero_si512();
-    StorePair(even, odd, src->lo_index, src->hi_index, const_cast<uint16_t*>(panel) + p * kNr * 2, b0, b1);
+    _mm_prefetch(ahead + row_bytes + 64, _MM_HINT_T0);
+    _mm_prefetch(ahead + row_bytes + 127, _MM_HINT_T0);
+    const bool has_odd = 2 * p + 1 < src->reduce;
+    const __m512i even0 = _mm512_maskz_loadu_epi16(src->mask0, even_row);
+    const __m512i odd0 = has_odd ? _mm512_maskz_loadu_epi16(src->mask0, even_row + src->ldb)
+                                 : _mm512_setzero_si512();
+    StorePair(even0, odd0, src->lo_index, src->hi_index, const_cast<uint16_t*>(pair), b[0], b[1]);
+    const __m512i even1 = _mm512_maskz_loadu_epi16(src->mask1, even_row + kHalf);
+    const __m512i odd1 = has_odd ? _mm512_maskz_loadu_epi16(src->mask1, even_row + src->ldb + kHalf)
+                                 : _mm512_setzero_si512();
+    StorePair(even1, odd1, src->lo_index, src->hi_index, const_cast<uint16_t*>(pair) + 2 * kHalf, b[2],
+              b[3]);
   } else {
-    b0 = (__m512bh)_mm512_load_si512(panel + p * kNr * 2);
-    b1 = (__m512bh)_mm512_load_si512(panel + p * kNr * 2 + kNr);
+    const char* ahead = reinterpret_cast<const char*>(pair) + kBAheadBytes;
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      _mm_prefetch(ahead + 64 * v, _MM_HINT_T0);
+      b[v] = (__m512bh)_mm512_load_si512(pair + 32 * v);
+    }
   }
-  DotPair<MR>(a_pair, ld, b0, b1, lo, hi);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    int32_t word;
+    std::memcpy(&word, a_pair + r * ld, 4);
+    const __m512bh av = (__m512bh)_mm512_set1_epi32(word);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, b[v]);
+  }
 }
 
-// C[MR, 32] (+)= A[MR, 2 pairs + odd] * panel, columns past `cols` neither read nor written.
-// The prefetch stream, where given, spread over the loop: one line every pairs / per_block steps.
-// With kPack, the panel is first packed from `src` step by step (and written), as it is used.
+// C[MR, 64] (+)= A[MR, 2 pairs + odd] * panel, the whole reduction block in one pass with the
+// accumulators in registers (the panel's block read from L2 by all but the first register block,
+// as oneDNN's brgemm reads its B); columns past `cols` neither read nor written. Meanwhile, every
+// 16 pairs (a line of each A row), it asks for the next register block's `next_rows` rows of A
+// (at a_next, the same stride) and, where given, pf's lines, spread over the loop. With kPack, the
+// panel is first packed from `src` pair by pair (and written), as it is used.
 template <int MR, bool kPack = false>
 GK_BF16DOT_TARGET __attribute__((noinline)) void DotTile(int64_t pairs, bool odd, const uint16_t* a,
                                                          int64_t lda, const uint16_t* panel, float* c,
                                                          int64_t ldc, int64_t cols, bool load_c,
-                                                         MoeMicroPrefetch* pf, const DotKnSource* src = nullptr) {
-  const __mmask16 m0 = static_cast<__mmask16>((uint32_t{1} << std::min<int64_t>(cols, 16)) - 1);
-  const __mmask16 m1 = static_cast<__mmask16>((uint32_t{1} << std::clamp<int64_t>(cols - 16, 0, 16)) - 1);
-  __m512 lo[MR], hi[MR];
-#pragma GCC unroll 16
+                                                         const uint16_t* a_next, int64_t next_rows,
+                                                         MoeMicroPrefetch* pf, const DotKnSource* src) {
+  __mmask16 mask[4];
+  for (int v = 0; v < 4; ++v) mask[v] = static_cast<__mmask16>(FirstLanes(cols - 16 * v, 16));
+  DotAcc<MR> acc;
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
-    lo[r] = load_c ? _mm512_maskz_loadu_ps(m0, c + r * ldc) : _mm512_setzero_ps();
-    hi[r] = load_c ? _mm512_maskz_loadu_ps(m1, c + r * ldc + 16) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      acc[r][v] = load_c ? _mm512_maskz_loadu_ps(mask[v], c + r * ldc + 16 * v) : _mm512_setzero_ps();
+    }
   }
   const char* a_bytes = reinterpret_cast<const char*>(a);
+  const char* next_bytes = reinterpret_cast<const char*>(a_next);
   const int64_t ld = lda * 2;
   // A local copy: the panel's stores could alias *src, whose fields would be read again per step.
   DotKnSource local{};
   if constexpr (kPack) local = *src;
-  src = &local;
-  int64_t p = 0;
-  if (pf != nullptr && pf->per_block > 0) {
-    const int64_t every = std::max<int64_t>(1, pairs / pf->per_block);
-    for (int64_t n = 0; n < pf->per_block && MoeMicroAskNextLine(pf); ++n) {
-      for (const int64_t p1 = std::min(pairs, p + every); p < p1; ++p) {
-        DotStep<MR, kPack>(a_bytes + 4 * p, ld, panel, p, src, lo, hi);
-      }
+  const int64_t stream = pf != nullptr ? pf->per_block : 0;
+  int64_t asked = 0;
+  for (int64_t p = 0; p < pairs;) {
+    const int64_t p1 = std::min(pairs, p + 16);
+    for (int64_t r = 0; r < next_rows; ++r) _mm_prefetch(next_bytes + r * ld + 4 * p, _MM_HINT_T0);
+    for (const int64_t due = stream * p1 / pairs; asked < due && MoeMicroAskNextLine(pf); ++asked) {
     }
+#pragma GCC unroll 2
+    for (; p < p1; ++p) DotStep<MR, kPack>(a_bytes + 4 * p, ld, panel, p, &local, acc);
   }
-  for (; p < pairs; ++p) DotStep<MR, kPack>(a_bytes + 4 * p, ld, panel, p, src, lo, hi);
-  if constexpr (kPack) {
-    if (odd) {  // the last element's pair: the row below it is past the reduction (zeros)
-      const __m512i even = _mm512_maskz_loadu_epi16(src->mask, src->rows + 2 * pairs * src->ldb);
-      __m512bh b0, b1;
-      StorePair(even, _mm512_setzero_si512(), src->lo_index, src->hi_index,
-                const_cast<uint16_t*>(panel) + pairs * kNr * 2, b0, b1);
-    }
-  }
+  // The last line of each next row, where the rows start mid-line.
+  for (int64_t r = 0; r < next_rows; ++r) _mm_prefetch(next_bytes + r * ld + 4 * pairs + 1, _MM_HINT_T0);
   if (odd) {  // the last element alone: its pair's second element (and the panel's) zero
-    const __m512bh b0 = (__m512bh)_mm512_load_si512(panel + pairs * kNr * 2);
-    const __m512bh b1 = (__m512bh)_mm512_load_si512(panel + pairs * kNr * 2 + kNr);
-#pragma GCC unroll 16
+    const uint16_t* pair = panel + pairs * kPairElems;
+    __m512bh b[4];
+    if constexpr (kPack) {  // the row below it is past the reduction (zeros)
+      const uint16_t* even_row = local.rows + 2 * pairs * local.ldb;
+      StorePair(_mm512_maskz_loadu_epi16(local.mask0, even_row), _mm512_setzero_si512(), local.lo_index,
+                local.hi_index, const_cast<uint16_t*>(pair), b[0], b[1]);
+      StorePair(_mm512_maskz_loadu_epi16(local.mask1, even_row + kHalf), _mm512_setzero_si512(),
+                local.lo_index, local.hi_index, const_cast<uint16_t*>(pair) + 2 * kHalf, b[2], b[3]);
+    } else {
+      for (int v = 0; v < 4; ++v) b[v] = (__m512bh)_mm512_load_si512(pair + 32 * v);
+    }
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       uint16_t value;
       std::memcpy(&value, a_bytes + r * ld + 4 * pairs, 2);
       const __m512bh av = (__m512bh)_mm512_set1_epi32(value);
-      lo[r] = _mm512_dpbf16_ps(lo[r], av, b0);
-      hi[r] = _mm512_dpbf16_ps(hi[r], av, b1);
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, b[v]);
     }
   }
-#pragma GCC unroll 16
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
-    _mm512_mask_storeu_ps(c + r * ldc, m0, lo[r]);
-    _mm512_mask_storeu_ps(c + r * ldc + 16, m1, hi[r]);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(c + r * ldc + 16 * v, mask[v], acc[r][v]);
   }
 }
 
 template <int MR>
 GK_BF16DOT_TARGET void DotBlockUpTo(int64_t mr, int64_t pairs, bool odd, const uint16_t* a,
                                    int64_t lda, const uint16_t* panel, float* c, int64_t ldc,
-                                   int64_t cols, bool load_c, MoeMicroPrefetch* pf,
-                                   const DotKnSource* src) {
+                                   int64_t cols, bool load_c, const uint16_t* a_next, int64_t next_rows,
+                                   MoeMicroPrefetch* pf, const DotKnSource* src) {
   if constexpr (MR > 1) {
     if (mr < MR) {
-      DotBlockUpTo<MR - 1>(mr, pairs, odd, a, lda, panel, c, ldc, cols, load_c, pf, src);
+      DotBlockUpTo<MR - 1>(mr, pairs, odd, a, lda, panel, c, ldc, cols, load_c, a_next, next_rows, pf, src);
       return;
     }
   }
   if (src != nullptr) {
-    DotTile<MR, true>(pairs, odd, a, lda, panel, c, ldc, cols, load_c, pf, src);
+    DotTile<MR, true>(pairs, odd, a, lda, panel, c, ldc, cols, load_c, a_next, next_rows, pf, src);
   } else {
-    DotTile<MR>(pairs, odd, a, lda, panel, c, ldc, cols, load_c, pf);
+    DotTile<MR>(pairs, odd, a, lda, panel, c, ldc, cols, load_c, a_next, next_rows, pf, nullptr);
   }
 }
 
-// Register blocks of a call's rows: kMicroRows, then the rest in one block of 6 to 11 rows, or,
-// a rest under 6 joined by the last full block, two of 6 to 9: the instruction's latency wants
-// 12 accumulators in flight (6 rows), and a block of 4 rows took as long as one of 8.
+// Register blocks of a call's rows: kMicroRows, then the rest in one block of 3 to 5 rows, or, a
+// rest of 1 or 2 joined by the last full block, two of 3 or 4: the instruction's latency wants
+// 12 accumulators in flight (3 rows).
 int64_t FullDotBlocks(int64_t rows) {
   const int64_t full = rows / kMicroRows, rest = rows % kMicroRows;
-  return full > 0 && rest > 0 && rest < 6 ? full - 1 : full;
+  return full > 0 && rest > 0 && rest < 3 ? full - 1 : full;
 }
 int64_t DotBlockRows(int64_t rows, int64_t full, int64_t r0) {
   const int64_t left = rows - r0;
-  return r0 < full * kMicroRows ? kMicroRows : left < kMicroRows ? left : left / 2;
+  return r0 < full * kMicroRows ? kMicroRows : left <= kMicroRows ? left : left / 2;
 }
 
 // With B^T's rows (b_kn, row stride ldb) packed on the way: the rows of the panel after
@@ -360,16 +386,17 @@ GK_BF16DOT_TARGET void DotGemmRows(int64_t rows, int64_t width, int64_t reduce, 
       for (int64_t r0 = 0; r0 < rows;) {
         const int64_t mr = DotBlockRows(rows, full, r0);
         const int64_t next = std::min(rows, r0 + mr + kMicroRows);
-        if (n0 == 0) MoeMicroPrefetchRows(a + k0, lda * 2, r0 + mr, next, kc * 2);
+        // A's next rows on the first panel's pass (often from memory: the tile rows of gradY).
+        const int64_t next_rows = n0 == 0 ? next - (r0 + mr) : 0;
         if (load_c) MoeMicroPrefetchRows(c + n0, ldc * 4, r0 + mr, next, cols * 4);
         DotKnSource src{};
         if (b_kn != nullptr && r0 == 0) {
-          src = {b_kn + k0 * ldb + n0, ldb, cols, kc,
-                 cols >= 32 ? ~__mmask32{0} : (__mmask32{1} << cols) - 1, PairIndex(0), PairIndex(1)};
+          src = {b_kn + k0 * ldb + n0, ldb, cols, kc, FirstLanes(cols, kHalf), FirstLanes(cols - kHalf, kHalf),
+                 PairIndex(0), PairIndex(1)};
         }
         DotBlockUpTo<kMicroRows>(mr, kc / 2, kc % 2 != 0, a + r0 * lda + k0, lda, panel,
                                  c + r0 * ldc + n0, ldc, cols, load_c,
-                                 b_kn == nullptr ? pf : r0 == 0 ? nullptr : &next_panel,
+                                 next_rows > 0 ? a + (r0 + mr) * lda + k0 : nullptr, next_rows, b_kn == nullptr ? pf : r0 == 0 ? nullptr : &next_panel,
                                  src.rows != nullptr ? &src : nullptr);
         r0 += mr;
       }
@@ -377,6 +404,11 @@ GK_BF16DOT_TARGET void DotGemmRows(int64_t rows, int64_t width, int64_t reduce, 
   }
 }
 #endif  // GK_BF16DOT
+
+int64_t DotReduceBlock(int64_t reduce) {
+  const int64_t k_blocks = std::max<int64_t>(1, CeilDiv(reduce, kKc));
+  return RoundUp(CeilDiv(reduce, k_blocks), int64_t{2});
+}
 
 }  // namespace
 
@@ -387,6 +419,8 @@ bool MoeBf16DotAvailable() {
   return false;
 #endif
 }
+
+int64_t MoeBf16DotBlockMacs(int64_t reduce) { return kMoeBf16DotRows * kNr * DotReduceBlock(reduce); }
 
 uint64_t MoeBf16DotPackedBytes(int64_t width, int64_t reduce) {
   return static_cast<uint64_t>(RoundUp(width, kNr) * RoundUp(reduce, int64_t{2})) * 2;
@@ -427,11 +461,10 @@ void MoeBf16DotGemmPackingKN(int64_t rows, int64_t width, int64_t reduce, const 
     for (int64_t r = 0; r < rows && !accumulate; ++r) std::fill(c + r * ldc, c + r * ldc + width, 0.0f);
     return;
   }
-  const int64_t k_blocks = CeilDiv(reduce, kKc);
-  const int64_t kc_base = RoundUp(CeilDiv(reduce, k_blocks), int64_t{2});
+  const int64_t kc_base = DotReduceBlock(reduce);
   // Rows in chunks whose A block and C rows stay in L2 together, equal-sized, multiples of the
   // register block.
-  const int64_t most = std::max<int64_t>(kMicroRows, kL2Bytes / (2 * kc_base + 4 * width) / kMicroRows * kMicroRows);
+  const int64_t most = std::max<int64_t>(kMicroRows, kMoeBf16DotAChunkBytes / (2 * kc_base + 4 * width) / kMicroRows * kMicroRows);
   const int64_t chunk_rows = RoundUp(CeilDiv(rows, CeilDiv(rows, most)), int64_t{kMicroRows});
   for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
     DotGemmRows(std::min(chunk_rows, rows - m0), width, reduce, kc_base,

@@ -1,15 +1,16 @@
-// gradkit's bfloat16 tile GEMM on the dot-product instruction of AVX512-BF16 (vdpbf16ps): the
-// micro-kernel's register blocking (moe_grad_microkernel.h, 12 rows x 32 columns of float32
-// accumulators) with bfloat16 operands read as they are, two reduction elements per instruction,
-// instead of widened to float32 first. For the CPUs that have the instruction but no AMX, where
+// gradkit's bfloat16 tile GEMM on the dot-product instruction of AVX512-BF16 (vdpbf16ps):
+// register blocks of 6 rows x 64 columns of float32 accumulators, each over a whole reduction
+// block of up to 2048 elements in one pass (the blocking of oneDNN's brgemm on these tiles), with
+// bfloat16 operands read as they are, two reduction elements per instruction. For the CPUs that have the instruction but no AMX, where
 // oneDNN 2.6's bfloat16 brgemm packs each B block in a pass of its own: this kernel fetches the
 // next block while it multiplies (MoeMicroPrefetch), as the float32 micro-kernel does, or packs B
 // from its [K, N] rows as it multiplies (MoeBf16DotGemmPackingKN), each row asked for a few ahead.
 // x86-64 only; elsewhere MoeBf16DotAvailable() is false and nothing here may be called.
 //
 // Packed B: panels of kMoeBf16DotPanel columns; panel j holds, for each pair of reduction
-// elements (2p, 2p + 1), the 32 columns' two values side by side (the instruction's pairs):
-//   packed[j * pairs * 64 + p * 64 + (n % 32) * 2 + (k % 2)] = B(k, n), n = 32 j + n % 32,
+// elements (2p, 2p + 1), the 64 columns' two values side by side (the instruction's pairs; a
+// pair's 256 bytes contiguous, as in oneDNN's BA16a64b2a):
+//   packed[j * pairs * 128 + p * 128 + (n % 64) * 2 + (k % 2)] = B(k, n), n = 64 j + n % 64,
 // pairs = ceil(reduce / 2), zero past `width` and (an odd reduction) at k = reduce.
 //
 // Sums: every C element starts from 0 (or from C with `accumulate`) and takes the pairs in
@@ -27,14 +28,25 @@
 
 namespace gk {
 
-// The register block: 12 rows x 32 columns (a panel) of float32 accumulators, 24 of AVX-512's 32
-// vector registers.
-inline constexpr int64_t kMoeBf16DotRows = 12;
-inline constexpr int64_t kMoeBf16DotPanel = 32;
+// The register block: 6 rows x 64 columns (a panel) of float32 accumulators, 24 of AVX-512's 32
+// vector registers; the panel's four vectors of a pair and the broadcast A word take five more.
+// Reduction elements per block: a register block runs over a whole block of the panel (up to
+// 256 KiB, read from L2 by every register block after the first) before it stores C. A
+// reduction is cut into equal blocks (even) of at most this.
+inline constexpr int64_t kMoeBf16DotRows = 6;
+inline constexpr int64_t kMoeBf16DotPanel = 64;
+inline constexpr int64_t kMoeBf16DotReduceBlock = 2048;
+// A call's rows are taken in chunks whose A block and C rows fit in this (held in L2 while the
+// chunk's panels run over them).
+inline constexpr int64_t kMoeBf16DotAChunkBytes = 256 << 10;
 
 // Whether this CPU runs the kernel: x86-64 with AVX512-BF16, and Highway dispatching to an
 // AVX-512 target (so that `--isa AVX2` and the tests that select a target keep AVX-512 out).
 bool MoeBf16DotAvailable();
+
+// Multiply-adds of one register block for a call of this reduction (the unit of
+// MoeMicroPrefetch::per_block here).
+int64_t MoeBf16DotBlockMacs(int64_t reduce);
 
 // Bytes of B packed for `width` columns and `reduce` reduction elements.
 uint64_t MoeBf16DotPackedBytes(int64_t width, int64_t reduce);
@@ -44,8 +56,8 @@ uint64_t MoeBf16DotPackedBytes(int64_t width, int64_t reduce);
 void MoeBf16DotPackB(int64_t width, int64_t reduce, const void* b, int64_t ldb, bool kn, void* dst);
 
 // C[rows, width] (row stride ldc) (+)= A[rows, reduce] (bfloat16, row stride lda) * B, B packed by
-// MoeBf16DotPackB for the same width and reduce. prefetch: lines to ask for meanwhile, spread over
-// the register blocks as in MoeMicroGemm (advanced).
+// MoeBf16DotPackB for the same width and reduce. prefetch: lines to ask for meanwhile, per_block
+// of them spread over each register block's loop (advanced).
 void MoeBf16DotGemm(int64_t rows, int64_t width, int64_t reduce, const void* a, int64_t lda,
                     const void* b_packed, float* c, int64_t ldc, bool accumulate,
                     MoeMicroPrefetch* prefetch = nullptr);

@@ -129,6 +129,7 @@ class MicroTileGemm final : public MoeTileGemm {
                                 bool kn) override {
       prefetch_ = MoeMicroPrefetch{};
       pending_ = Pending{};
+      prepared_reduce_ = reduce;
       in_place_ = InPlace{};
       constexpr int64_t kLine = 64;
       if (kn && gemm_.ReadsKNInPlace(width) && reinterpret_cast<uintptr_t>(b) % kLine == 0 &&
@@ -152,7 +153,9 @@ class MicroTileGemm final : public MoeTileGemm {
       // busy hour (docs/benchmarks.md, session 37).
       if (!gemm_.shape_.streamed_b || pending_.b_kn != nullptr) return;
       const int64_t lines = rows * CeilDiv(row_bytes, int64_t{64});
-      const int64_t block_macs = MoeMicroRowBlock() * MoeMicroPanelWidth() * kMoeMicroReduceBlock;
+      const int64_t block_macs =
+          gemm_.dot_ ? std::max<int64_t>(1, MoeBf16DotBlockMacs(prepared_reduce_))
+                     : MoeMicroRowBlock() * MoeMicroPanelWidth() * kMoeMicroReduceBlock;
       const int64_t blocks = std::max<int64_t>(1, macs / block_macs);
       prefetch_ = MoeMicroPrefetch{static_cast<const char*>(base), rows, row_bytes, stride,
                                    CeilDiv(lines, blocks)};
@@ -199,6 +202,7 @@ class MicroTileGemm final : public MoeTileGemm {
     float* a_scratch_;
     bool final_c_ = false;
     MoeMicroPrefetch prefetch_;  // PrefetchDuringRuns', until the next PrepareB
+    int64_t prepared_reduce_ = 0;  // the last PrepareB's
     // B^T's rows that PrepareBStrided named on the dot-product kernel, packed by the next Run on
     // packed_ as it multiplies (the first register block of each panel stores what it uses).
     struct Pending {
