@@ -45,9 +45,8 @@ bool FusedMultiplyAdd(const std::string& isa) {
 }
 
 // Row counts of calls: every count up to the row block plus 9 (each way a remainder of one to
-// three rows joins the last full block, each tail of 6, 4 + 3 ... 4 + 5 rows), and a few of
-// several blocks, on the target selected (C's rows more than 4 KiB apart take blocks of 6, whose
-// counts these cover too).
+// three rows joins the last full block, each tail of 4 + 3 ... 4 + 5 rows), and a few of several
+// blocks, on the target selected.
 std::vector<int64_t> RowCounts() {
   const int64_t block = MoeMicroRowBlock();
   std::vector<int64_t> rows;
@@ -87,7 +86,7 @@ TEST_P(MoeMicroKernelTest, EachElementIsOneMultiplyAddChain) {
     for (int64_t rows : RowCounts()) {
       for (int64_t width : {int64_t{1}, nr - 1, nr, nr + 1, 2 * nr + 3}) {
         for (int64_t reduce : {int64_t{1}, int64_t{7}, block, block + 1, 2 * block + 40}) {
-          // C's rows close together, and more than 4 KiB apart (the strided row block).
+          // C's rows close together, and more than 4 KiB apart.
           for (const auto& [accumulate, ldc] : {std::pair{false, width + 5}, std::pair{true, width + 5},
                                                 std::pair{true, width + 1029}}) {
             SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " rows " << rows << " width "

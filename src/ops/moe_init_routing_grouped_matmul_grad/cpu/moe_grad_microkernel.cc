@@ -37,24 +37,26 @@ namespace gk {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// The register block: kMicroRows rows x kMicroVecs vectors of accumulators. 6 x 4 (64 float32
+// columns) where the target has 32 vector registers (24 accumulators, the 4 B vectors of a
+// reduction element, the broadcast), 6 x 2 on AVX2's 16 (12 + 2 + 1). Per 24 multiply-adds AVX-512
+// loads 4 B vectors and broadcasts 6 A values, where 12 x 2 (sessions 33-42) took 2 and 12: on a
+// hot tile 1.04-1.12x (fused S3's 137 x 64 x 2048 and the weight grad's 256 x 128 x 256), and a
+// prototype of it 1.47x while a copy ran on the other core, where the 12-row block slowed to 0.7
+// of itself (same bits; docs/benchmarks.md, session 43). Six rows also keep a C of rows more than
+// 4 KiB apart out of trouble: its rows' lines share few of L1's sets (48 KiB, 12 ways), and 12
+// rows' 24 lines measured 4-5 points of dense slower in the weight grad (session 33).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kMicroVecs = 4;
+#else
+constexpr int kMicroVecs = 2;
+#endif
+constexpr int kMicroRows = 6;
+
 HWY_NOINLINE int64_t MicroPanelWidth() {
-  return 2 * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+  return kMicroVecs * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
 }
 
-// The register block's rows (MoeMicroRowBlock): 12 where the target has 32 vector registers (24
-// accumulators, 2 B vectors, the broadcast), 6 on AVX2's 16. A C of rows more than 4 KiB apart
-// takes blocks of kMicroRowsStrided: its rows' lines then share few of L1's sets (48 KiB, 12
-// ways: lines 4 KiB apart share a set), and 12 rows' 24 lines, loaded and stored by plain
-// stores, measured 4-5 points of dense slower on average (three rounds) in the weight grad at
-// S1/S3 with a gradWeight 16 bytes off a line, 68-76 against 87-93% at S3 with an aligned one
-// (Zen 5, session 33); streamed (non-temporal) stores do not go through L1 and keep 12.
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-constexpr int kMicroRows = 12;
-#else
-constexpr int kMicroRows = 6;
-#endif
-constexpr int kMicroRowsStrided = 6;
-constexpr int64_t kMicroStridedBytes = 4096;
 HWY_NOINLINE int64_t MicroRowBlock() { return kMicroRows; }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
@@ -211,9 +213,9 @@ HWY_NOINLINE void MicroPackB(DType gemm_dtype, int64_t width, int64_t reduce, co
 }
 
 // The next per_block lines of pf (none without it), asked for before a register block runs,
-// where the kernel's loop has no register left for them (12 rows' pointers of any stride: a
-// prefetch stream inside that loop spilled a B vector to the stack, S3 65-73% of dense against
-// 78-83 on oneDNN; session 34). Blocks of A rows 256 floats apart (kMoeMicroReduceBlock: the
+// where the kernel's loop had no register left for them (12 rows' pointers of any stride, in
+// session 34's 12 x 32 block: a prefetch stream inside that loop spilled a B vector to the stack,
+// S3 65-73% of dense against 78-83 on oneDNN; not tried again on the 6 x 64 block). Blocks of A rows 256 floats apart (kMoeMicroReduceBlock: the
 // forward's dense k-blocks) ask for them inside the loop instead (MicroTile's kLda).
 HWY_INLINE void PrefetchNext(MoeMicroPrefetch* pf) {
   for (int64_t n = 0; pf != nullptr && n < pf->per_block && MoeMicroAskNextLine(pf); ++n) {
@@ -221,13 +223,30 @@ HWY_INLINE void PrefetchNext(MoeMicroPrefetch* pf) {
 }
 
 // C[MR, NR] (+)= A[MR, kc] (row stride lda) * panel[kc, NR] (row stride panel_ld: NR packed,
-// B^T's row stride read in place): MR x 2 accumulator vectors, one fused multiply-add chain per
-// element over k ascending.
+// B^T's row stride read in place): MR x kMicroVecs accumulator vectors, one fused multiply-add
+// chain per element over k ascending.
 // With `stream`, C's rows go out by non-temporal stores (each row's NR values whole lines of an
 // aligned C, see MicroGemm).
 // kLda > 0: A's row stride is kLda (lda ignored): the rows are read at constant offsets from one
 // pointer, which leaves registers for pf's lines, asked for inside the loop (its per_block of
 // them, one every kc / per_block steps).
+// Reduction element k of a register block: the panel's NR values at b_k times each row's A value
+// (a_k[r * lda]), added into acc.
+template <int MR, class D, class V>
+HWY_INLINE void MicroStep(D df, const float* HWY_RESTRICT b_k, const float* HWY_RESTRICT a_k, int64_t lda,
+                          V (&acc)[MR][kMicroVecs]) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  V b[kMicroVecs];
+#pragma GCC unroll 4
+  for (int v = 0; v < kMicroVecs; ++v) b[v] = hn::LoadU(df, b_k + v * lanes);
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r) {
+    const V av = hn::Set(df, a_k[r * lda]);
+#pragma GCC unroll 4
+    for (int v = 0; v < kMicroVecs; ++v) acc[r][v] = hn::MulAdd(av, b[v], acc[r][v]);
+  }
+}
+
 template <int MR, int64_t kLda = 0>
 HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda,
                             const float* HWY_RESTRICT panel, int64_t panel_ld,
@@ -236,52 +255,38 @@ HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  V lo[MR], hi[MR];
+  V acc[MR][kMicroVecs];
+#pragma GCC unroll 6
   for (int r = 0; r < MR; ++r) {
-    lo[r] = load_c ? hn::LoadU(df, c + r * ldc) : hn::Zero(df);
-    hi[r] = load_c ? hn::LoadU(df, c + r * ldc + lanes) : hn::Zero(df);
+#pragma GCC unroll 4
+    for (int v = 0; v < kMicroVecs; ++v) acc[r][v] = load_c ? hn::LoadU(df, c + r * ldc + v * lanes) : hn::Zero(df);
   }
   if constexpr (kLda > 0) {
-    const auto step = [&](int64_t k) {
-      const V b0 = hn::LoadU(df, panel + k * panel_ld);
-      const V b1 = hn::LoadU(df, panel + k * panel_ld + lanes);
-      for (int r = 0; r < MR; ++r) {
-        const V av = hn::Set(df, a[r * kLda + k]);
-        lo[r] = hn::MulAdd(av, b0, lo[r]);
-        hi[r] = hn::MulAdd(av, b1, hi[r]);
-      }
-    };
     int64_t k = 0;
     if (pf != nullptr && pf->per_block > 0) {
       const int64_t every = std::max<int64_t>(1, kc / pf->per_block);
       for (int64_t n = 0; n < pf->per_block && MoeMicroAskNextLine(pf); ++n) {
-        for (const int64_t k1 = std::min(kc, k + every); k < k1; ++k) step(k);
+        for (const int64_t k1 = std::min(kc, k + every); k < k1; ++k) {
+          MicroStep<MR>(df, panel + k * panel_ld, a + k, kLda, acc);
+        }
       }
     }
-    for (; k < kc; ++k) step(k);
+    for (; k < kc; ++k) MicroStep<MR>(df, panel + k * panel_ld, a + k, kLda, acc);
   } else {
-    const float* row[MR];
-    for (int r = 0; r < MR; ++r) row[r] = a + r * lda;
-    for (int64_t k = 0; k < kc; ++k) {
-      const V b0 = hn::LoadU(df, panel + k * panel_ld);
-      const V b1 = hn::LoadU(df, panel + k * panel_ld + lanes);
-      for (int r = 0; r < MR; ++r) {
-        const V av = hn::Set(df, row[r][k]);
-        lo[r] = hn::MulAdd(av, b0, lo[r]);
-        hi[r] = hn::MulAdd(av, b1, hi[r]);
-      }
-    }
+    for (int64_t k = 0; k < kc; ++k) MicroStep<MR>(df, panel + k * panel_ld, a + k, lda, acc);
   }
   if (stream) {
+#pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
-      hn::Stream(lo[r], df, c + r * ldc);
-      hn::Stream(hi[r], df, c + r * ldc + lanes);
+#pragma GCC unroll 4
+      for (int v = 0; v < kMicroVecs; ++v) hn::Stream(acc[r][v], df, c + r * ldc + v * lanes);
     }
     return;
   }
+#pragma GCC unroll 6
   for (int r = 0; r < MR; ++r) {
-    hn::StoreU(lo[r], df, c + r * ldc);
-    hn::StoreU(hi[r], df, c + r * ldc + lanes);
+#pragma GCC unroll 4
+    for (int v = 0; v < kMicroVecs; ++v) hn::StoreU(acc[r][v], df, c + r * ldc + v * lanes);
   }
 }
 
@@ -315,7 +320,7 @@ HWY_NOINLINE void MicroBlockNarrow(int64_t kc, const float* a, int64_t lda, cons
                                    int64_t panel_ld, float* c, int64_t ldc, int64_t cols,
                                    bool load_c, MoeMicroPrefetch* pf) {
   const int64_t nr = MicroPanelWidth();
-  HWY_ALIGN float tile[kMicroRows * 2 * HWY_LANES(float)] = {};
+  HWY_ALIGN float tile[kMicroRows * kMicroVecs * HWY_LANES(float)] = {};
   for (int r = 0; r < MR && load_c; ++r) std::memcpy(tile + r * nr, c + r * ldc, cols * sizeof(float));
   PrefetchNext(pf);
   MicroTile<MR>(kc, a, lda, panel, panel_ld, tile, nr, load_c);
@@ -328,11 +333,10 @@ HWY_NOINLINE void MicroBlockNarrow(int64_t kc, const float* a, int64_t lda, cons
 HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, int64_t reduce,
                                 int64_t kc_base, const void* a, int64_t lda, const float* b,
                                 int64_t b_ld, float* c, int64_t ldc, bool accumulate,
-                                float* a_scratch, bool stream_c, int64_t block,
-                                MoeMicroPrefetch* pf) {
+                                float* a_scratch, bool stream_c, MoeMicroPrefetch* pf) {
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t nr = 2 * lanes;
+  const int64_t nr = kMicroVecs * lanes;
   const int64_t k_blocks = CeilDiv(reduce, kc_base);
   for (int64_t kb = 0; kb < k_blocks; ++kb) {
     const int64_t k0 = kb * kc_base;
@@ -362,9 +366,11 @@ HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, i
       const float* panel = b_ld > 0 ? b + k0 * b_ld + n0 : b + n0 * reduce + k0 * nr;
       const int64_t panel_ld = b_ld > 0 ? b_ld : nr;
       const int64_t cols = std::min(nr, width - n0);
-      // Blocks of `block` rows; a remainder of 1 to 3 rows takes the last full block with it,
-      // and what is left runs in blocks of 6, then 4 + 3, 4 + 4 or 4 + 5 for 7 to 9 rows: blocks
-      // of fewer than 4 rows have too few accumulators to hide the latency of their multiply-adds.
+      // Blocks of kMicroRows rows; a remainder of 1 to 3 rows takes the last full block with it,
+      // and what is left runs in blocks of 4 + 3, 4 + 4 or 4 + 5 for 7 to 9 rows: blocks of fewer
+      // than 4 rows have too few accumulators to hide the latency of their multiply-adds (on
+      // AVX2's 2 vectors a row).
+      constexpr int64_t block = kMicroRows;
       int64_t full = rows / block;
       const int64_t rest = rows % block;
       if (full > 0 && rest > 0 && rest < 4) --full;
@@ -372,22 +378,16 @@ HWY_NOINLINE void MicroGemmRows(DType gemm_dtype, int64_t rows, int64_t width, i
         const int64_t r0 = b * block;
         if (n0 == 0) MoeMicroPrefetchRows(a_block, a_ld * 4, r0 + block, std::min(rows, r0 + 2 * block), kc * 4);
         if (load_c) MoeMicroPrefetchRows(c + n0, ldc * 4, r0 + block, std::min(rows, r0 + 2 * block), cols * 4);
-        const float* a_rows = a_block + r0 * a_ld;
-        float* c_rows = c + r0 * ldc + n0;
-        if (block == kMicroRows) {
-          MicroBlock<kMicroRows>(kc, a_rows, a_ld, panel, panel_ld, c_rows, ldc, cols, load_c, stream, pf);
-        } else {
-          MicroBlock<kMicroRowsStrided>(kc, a_rows, a_ld, panel, panel_ld, c_rows, ldc, cols, load_c, stream, pf);
-        }
+        MicroBlock<kMicroRows>(kc, a_block + r0 * a_ld, a_ld, panel, panel_ld, c + r0 * ldc + n0, ldc, cols,
+                               load_c, stream, pf);
       }
       int64_t r0 = full * block;
       while (r0 < rows) {
         const int64_t left = rows - r0;
-        const int64_t mr = left >= 10 ? 6 : left >= 7 ? 4 : left;
+        const int64_t mr = left >= 7 ? 4 : left;
         const float* a_rest = a_block + r0 * a_ld;
         float* c_rest = c + r0 * ldc + n0;
         switch (mr) {
-          case 6: MicroBlock<6>(kc, a_rest, a_ld, panel, panel_ld, c_rest, ldc, cols, load_c, stream, pf); break;
           case 5: MicroBlock<5>(kc, a_rest, a_ld, panel, panel_ld, c_rest, ldc, cols, load_c, stream, pf); break;
           case 4: MicroBlock<4>(kc, a_rest, a_ld, panel, panel_ld, c_rest, ldc, cols, load_c, stream, pf); break;
           case 3: MicroBlock<3>(kc, a_rest, a_ld, panel, panel_ld, c_rest, ldc, cols, load_c, stream, pf); break;
@@ -418,8 +418,7 @@ HWY_NOINLINE void MicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64
   const int64_t line_floats = static_cast<int64_t>(kStreamLineBytes / sizeof(float));
   stream_c = stream_c && kHasStreamingStores && MicroPanelWidth() % line_floats == 0 &&
              reinterpret_cast<uintptr_t>(c) % kStreamLineBytes == 0 && ldc % line_floats == 0;
-  const int64_t block =
-      stream_c || ldc * static_cast<int64_t>(sizeof(float)) <= kMicroStridedBytes ? kMicroRows : kMicroRowsStrided;
+  const int64_t block = kMicroRows;
   const int64_t most = std::max<int64_t>(
       block, kL2Bytes / (static_cast<int64_t>(sizeof(float)) * (kc_base + width)) / block * block);
   const int64_t chunks = CeilDiv(rows, most);
@@ -428,7 +427,7 @@ HWY_NOINLINE void MicroGemm(DType gemm_dtype, int64_t rows, int64_t width, int64
   for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
     MicroGemmRows(gemm_dtype, std::min(chunk_rows, rows - m0), width, reduce, kc_base,
                   static_cast<const char*>(a) + m0 * lda * elem, lda, b, b_ld, c + m0 * ldc, ldc,
-                  accumulate, a_scratch, stream_c, block, pf);
+                  accumulate, a_scratch, stream_c, pf);
   }
   if (stream_c) hwy::FlushStream();  // ordered before whatever the caller does next
 }

@@ -5,7 +5,7 @@
 // AVX512-BF16, the tile GEMM runs streamed bfloat16 tiles on moe_grad_bf16dot.h's kernel instead,
 // which shares this one's blocking and prefetch stream.)
 //
-// Packed B: panels of PanelWidth() columns (two vectors of float32), each [reduce, PanelWidth()]
+// Packed B: panels of PanelWidth() columns (four vectors of float32 on AVX-512, two elsewhere), each [reduce, PanelWidth()]
 // row-major, float32 whatever the GEMM dtype (bfloat16 widened exactly once, at packing), zero
 // past `width`:  packed[(n / NR) * reduce * NR + k * NR + n % NR] = B(k, n). (Or, float32 B^T's
 // rows read in place, MoeMicroGemmKN: a panel is then NR columns of those rows.)
@@ -21,19 +21,17 @@
 
 namespace gk {
 
-// The register block is MoeMicroRowBlock() rows x NR columns of accumulators: 12 rows on
-// AVX-512 (24 of its 32 vector registers; the two B vectors and the broadcast A value take three
-// more), 6 on AVX2 and other targets (12 of AVX2's 16). A C whose rows are more than 4 KiB apart
-// and not streamed takes blocks of 6 rows on every target (see MicroGemm).
+// The register block is MoeMicroRowBlock() rows x NR columns of accumulators: 6 x 64 on AVX-512
+// (24 of its 32 vector registers; the four B vectors and the broadcast A value take five more),
+// 6 x 16 on AVX2 and other targets (12 of AVX2's 16).
 // Reduction elements per block: the B panel's block (kMoeMicroReduceBlock x NR float32: 16 KiB on
 // AVX2) stays in L1 while every row block runs over it; A's block (rows x this) stays in L2. A
 // reduction is cut into equal blocks of at most this.
 inline constexpr int64_t kMoeMicroReduceBlock = 256;
 
-// The panel width NR of the target chosen at run time (16 on AVX2, 32 on AVX-512).
+// The panel width NR of the target chosen at run time (16 on AVX2, 64 on AVX-512).
 int64_t MoeMicroPanelWidth();
-// The register block's rows on the target chosen at run time (12 on AVX-512, 6 elsewhere), for a
-// C of rows at most 4 KiB apart or streamed.
+// The register block's rows on the target chosen at run time (6).
 int64_t MoeMicroRowBlock();
 
 // Bytes of B packed for `width` columns and `reduce` reduction elements.
