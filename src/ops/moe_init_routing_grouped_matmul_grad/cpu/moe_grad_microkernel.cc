@@ -41,9 +41,10 @@ namespace hn = hwy::HWY_NAMESPACE;
 // columns) where the target has 32 vector registers (24 accumulators, the 4 B vectors of a
 // reduction element, the broadcast), 6 x 2 on AVX2's 16 (12 + 2 + 1). Per 24 multiply-adds AVX-512
 // loads 4 B vectors and broadcasts 6 A values, where 12 x 2 (sessions 33-42) took 2 and 12: on a
-// hot tile 1.04-1.12x (fused S3's 137 x 64 x 2048 and the weight grad's 256 x 128 x 256), and a
+// hot tile 1.02-1.06x (fused S3's 137 x 64 x 2048 and the weight grad's 256 x 128 x 256), and a
 // prototype of it 1.47x while a copy ran on the other core, where the 12-row block slowed to 0.7
-// of itself (same bits; docs/benchmarks.md, session 43). Six rows also keep a C of rows more than
+// of itself; the weight grad's float32 S1-S4 85-91 -> 92-107% of dense (same bits;
+// docs/benchmarks.md, session 43). Six rows also keep a C of rows more than
 // 4 KiB apart out of trouble: its rows' lines share few of L1's sets (48 KiB, 12 ways), and 12
 // rows' 24 lines measured 4-5 points of dense slower in the weight grad (session 33).
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
