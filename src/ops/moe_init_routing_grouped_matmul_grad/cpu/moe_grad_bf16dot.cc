@@ -391,12 +391,13 @@ GK_BF16DOT_TARGET void DotGemmRows(int64_t rows, int64_t width, int64_t reduce, 
         if (load_c) MoeMicroPrefetchRows(c + n0, ldc * 4, r0 + mr, next, cols * 4);
         DotKnSource src{};
         if (b_kn != nullptr && r0 == 0) {
-          src = {b_kn + k0 * ldb + n0, ldb, cols, kc, FirstLanes(cols, kHalf), FirstLanes(cols - kHalf, kHalf),
-                 PairIndex(0), PairIndex(1)};
+          src = {b_kn + k0 * ldb + n0, ldb, cols, kc, FirstLanes(cols, kHalf),
+                 FirstLanes(cols - kHalf, kHalf), PairIndex(0), PairIndex(1)};
         }
         DotBlockUpTo<kMicroRows>(mr, kc / 2, kc % 2 != 0, a + r0 * lda + k0, lda, panel,
                                  c + r0 * ldc + n0, ldc, cols, load_c,
-                                 next_rows > 0 ? a + (r0 + mr) * lda + k0 : nullptr, next_rows, b_kn == nullptr ? pf : r0 == 0 ? nullptr : &next_panel,
+                                 next_rows > 0 ? a + (r0 + mr) * lda + k0 : nullptr, next_rows,
+                                 b_kn == nullptr ? pf : r0 == 0 ? nullptr : &next_panel,
                                  src.rows != nullptr ? &src : nullptr);
         r0 += mr;
       }
@@ -464,7 +465,8 @@ void MoeBf16DotGemmPackingKN(int64_t rows, int64_t width, int64_t reduce, const 
   const int64_t kc_base = DotReduceBlock(reduce);
   // Rows in chunks whose A block and C rows stay in L2 together, equal-sized, multiples of the
   // register block.
-  const int64_t most = std::max<int64_t>(kMicroRows, kMoeBf16DotAChunkBytes / (2 * kc_base + 4 * width) / kMicroRows * kMicroRows);
+  const int64_t most = std::max<int64_t>(
+      kMicroRows, kMoeBf16DotAChunkBytes / (2 * kc_base + 4 * width) / kMicroRows * kMicroRows);
   const int64_t chunk_rows = RoundUp(CeilDiv(rows, CeilDiv(rows, most)), int64_t{kMicroRows});
   for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
     DotGemmRows(std::min(chunk_rows, rows - m0), width, reduce, kc_base,

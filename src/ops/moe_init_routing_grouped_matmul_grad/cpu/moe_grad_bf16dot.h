@@ -1,10 +1,11 @@
 // gradkit's bfloat16 tile GEMM on the dot-product instruction of AVX512-BF16 (vdpbf16ps):
 // register blocks of 6 rows x 64 columns of float32 accumulators, each over a whole reduction
 // block of up to 2048 elements in one pass (the blocking of oneDNN's brgemm on these tiles), with
-// bfloat16 operands read as they are, two reduction elements per instruction. For the CPUs that have the instruction but no AMX, where
-// oneDNN 2.6's bfloat16 brgemm packs each B block in a pass of its own: this kernel fetches the
-// next block while it multiplies (MoeMicroPrefetch), as the float32 micro-kernel does, or packs B
-// from its [K, N] rows as it multiplies (MoeBf16DotGemmPackingKN), each row asked for a few ahead.
+// bfloat16 operands read as they are, two reduction elements per instruction. For the CPUs that
+// have the instruction but no AMX, where oneDNN 2.6's bfloat16 brgemm packs each B block in a
+// pass of its own: this kernel fetches the next block while it multiplies (MoeMicroPrefetch), as
+// the float32 micro-kernel does, or packs B from its [K, N] rows as it multiplies
+// (MoeBf16DotGemmPackingKN), each row asked for a few ahead.
 // x86-64 only; elsewhere MoeBf16DotAvailable() is false and nothing here may be called.
 //
 // Packed B: panels of kMoeBf16DotPanel columns; panel j holds, for each pair of reduction

@@ -216,8 +216,9 @@ HWY_NOINLINE void MicroPackB(DType gemm_dtype, int64_t width, int64_t reduce, co
 // The next per_block lines of pf (none without it), asked for before a register block runs,
 // where the kernel's loop had no register left for them (12 rows' pointers of any stride, in
 // session 34's 12 x 32 block: a prefetch stream inside that loop spilled a B vector to the stack,
-// S3 65-73% of dense against 78-83 on oneDNN; not tried again on the 6 x 64 block). Blocks of A rows 256 floats apart (kMoeMicroReduceBlock: the
-// forward's dense k-blocks) ask for them inside the loop instead (MicroTile's kLda).
+// S3 65-73% of dense against 78-83 on oneDNN; not tried again on the 6 x 64 block). Blocks of A
+// rows 256 floats apart (kMoeMicroReduceBlock: the forward's dense k-blocks) ask for them inside
+// the loop instead (MicroTile's kLda).
 HWY_INLINE void PrefetchNext(MoeMicroPrefetch* pf) {
   for (int64_t n = 0; pf != nullptr && n < pf->per_block && MoeMicroAskNextLine(pf); ++n) {
   }
@@ -260,7 +261,9 @@ HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda
 #pragma GCC unroll 6
   for (int r = 0; r < MR; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < kMicroVecs; ++v) acc[r][v] = load_c ? hn::LoadU(df, c + r * ldc + v * lanes) : hn::Zero(df);
+    for (int v = 0; v < kMicroVecs; ++v) {
+      acc[r][v] = load_c ? hn::LoadU(df, c + r * ldc + v * lanes) : hn::Zero(df);
+    }
   }
   if constexpr (kLda > 0) {
     int64_t k = 0;

@@ -3,11 +3,11 @@
 // gemm:jit, which packs both operands on every call, and it has no bfloat16 GEMM at all).
 // SIMD target chosen at run time (Highway), ending in a scalar fallback. (Where the CPU has
 // AVX512-BF16, the tile GEMM runs streamed bfloat16 tiles on moe_grad_bf16dot.h's kernel instead,
-// which shares this one's blocking and prefetch stream.)
+// which shares this one's register block and prefetch stream.)
 //
-// Packed B: panels of PanelWidth() columns (four vectors of float32 on AVX-512, two elsewhere), each [reduce, PanelWidth()]
-// row-major, float32 whatever the GEMM dtype (bfloat16 widened exactly once, at packing), zero
-// past `width`:  packed[(n / NR) * reduce * NR + k * NR + n % NR] = B(k, n). (Or, float32 B^T's
+// Packed B: panels of PanelWidth() columns (four vectors of float32 on AVX-512, two elsewhere),
+// each [reduce, PanelWidth()] row-major, float32 whatever the GEMM dtype (bfloat16 widened exactly
+// once, at packing), zero past `width`:  packed[(n / NR) * reduce * NR + k * NR + n % NR] = B(k, n). (Or, float32 B^T's
 // rows read in place, MoeMicroGemmKN: a panel is then NR columns of those rows.)
 //
 // Sums: every C element is one chain of fused multiply-adds over k in ascending order, started
