@@ -43,10 +43,10 @@ namespace hn = hwy::HWY_NAMESPACE;
 // loads 4 B vectors and broadcasts 6 A values, where 12 x 2 (sessions 33-42) took 2 and 12: on a
 // hot tile 1.02-1.06x (fused S3's 137 x 64 x 2048 and the weight grad's 256 x 128 x 256), and a
 // prototype of it 1.47x while a copy ran on the other core, where the 12-row block slowed to 0.7
-// of itself; the weight grad's float32 S1-S4 85-91 -> 92-107% of dense (same bits;
-// docs/benchmarks.md, session 43). Six rows also keep a C of rows more than
-// 4 KiB apart out of trouble: its rows' lines share few of L1's sets (48 KiB, 12 ways), and 12
-// rows' 24 lines measured 4-5 points of dense slower in the weight grad (session 33).
+// of itself; the weight grad's float32 S1-S4 85-91 -> 91-107% of dense (same bits;
+// docs/benchmarks.md, session 43). Six rows also keep a C of rows more than 4 KiB apart out of
+// trouble: its rows' lines share few of L1's sets (48 KiB, 12 ways), and 12 rows' 24 lines
+// measured 4-5 points of dense slower in the weight grad (session 33).
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 constexpr int kMicroVecs = 4;
 #else
@@ -224,19 +224,13 @@ HWY_INLINE void PrefetchNext(MoeMicroPrefetch* pf) {
   }
 }
 
-// C[MR, NR] (+)= A[MR, kc] (row stride lda) * panel[kc, NR] (row stride panel_ld: NR packed,
-// B^T's row stride read in place): MR x kMicroVecs accumulator vectors, one fused multiply-add
-// chain per element over k ascending.
-// With `stream`, C's rows go out by non-temporal stores (each row's NR values whole lines of an
-// aligned C, see MicroGemm).
-// kLda > 0: A's row stride is kLda (lda ignored): the rows are read at constant offsets from one
-// pointer, which leaves registers for pf's lines, asked for inside the loop (its per_block of
-// them, one every kc / per_block steps).
 // Reduction element k of a register block: the panel's NR values at b_k times each row's A value
-// (a_k[r * lda]), added into acc.
+// (a_k[r * lda]), added into acc. The loops over rows and vectors here and in MicroTile are
+// unrolled by pragma: left to GCC 12, it kept the 6 x 4 accumulators on the stack between tiles
+// (stored and reloaded around each tile's loop, 0.93 of a hand-written tile; session 43).
 template <int MR, class D, class V>
-HWY_INLINE void MicroStep(D df, const float* HWY_RESTRICT b_k, const float* HWY_RESTRICT a_k, int64_t lda,
-                          V (&acc)[MR][kMicroVecs]) {
+HWY_INLINE void MicroStep(D df, const float* HWY_RESTRICT b_k, const float* HWY_RESTRICT a_k,
+                          int64_t lda, V (&acc)[MR][kMicroVecs]) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   V b[kMicroVecs];
 #pragma GCC unroll 4
@@ -249,6 +243,14 @@ HWY_INLINE void MicroStep(D df, const float* HWY_RESTRICT b_k, const float* HWY_
   }
 }
 
+// C[MR, NR] (+)= A[MR, kc] (row stride lda) * panel[kc, NR] (row stride panel_ld: NR packed,
+// B^T's row stride read in place): MR x kMicroVecs accumulator vectors, one fused multiply-add
+// chain per element over k ascending.
+// With `stream`, C's rows go out by non-temporal stores (each row's NR values whole lines of an
+// aligned C, see MicroGemm).
+// kLda > 0: A's row stride is kLda (lda ignored): the rows are read at constant offsets from one
+// pointer, which leaves registers for pf's lines, asked for inside the loop (its per_block of
+// them, one every kc / per_block steps).
 template <int MR, int64_t kLda = 0>
 HWY_NOINLINE void MicroTile(int64_t kc, const float* HWY_RESTRICT a, int64_t lda,
                             const float* HWY_RESTRICT panel, int64_t panel_ld,
