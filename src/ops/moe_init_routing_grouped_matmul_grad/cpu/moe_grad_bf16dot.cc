@@ -180,6 +180,21 @@ struct DotKnSource {
 // GEMMs had them there in time (docs/benchmarks.md, session 37).
 constexpr int64_t kDotPackAheadRows = 16;
 
+// A pair of the panel's 64 columns packed from `src`: B^T's row 2p at even_row and, with has_odd,
+// the row below it (else zeros), stored at `pair` and returned as the instruction reads them.
+GK_BF16DOT_TARGET __attribute__((always_inline)) inline void PackPair(const DotKnSource& src,
+                                                                     const uint16_t* even_row, bool has_odd,
+                                                                     uint16_t* pair, __m512bh (&b)[4]) {
+#pragma GCC unroll 2
+  for (int half = 0; half < 2; ++half) {
+    const __mmask32 mask = half == 0 ? src.mask0 : src.mask1;
+    const __m512i even = _mm512_maskz_loadu_epi16(mask, even_row + kHalf * half);
+    const __m512i odd = has_odd ? _mm512_maskz_loadu_epi16(mask, even_row + src.ldb + kHalf * half)
+                                : _mm512_setzero_si512();
+    StorePair(even, odd, src.lo_index, src.hi_index, pair + 2 * kHalf * half, b[2 * half], b[2 * half + 1]);
+  }
+}
+
 // A register block's accumulators: MR rows x 4 vectors of 16 columns.
 template <int MR>
 using DotAcc = __m512[MR][4];
@@ -206,16 +221,7 @@ GK_BF16DOT_TARGET __attribute__((always_inline)) inline void DotStep(const char*
     _mm_prefetch(ahead + row_bytes, _MM_HINT_T0);
     _mm_prefetch(ahead + row_bytes + 64, _MM_HINT_T0);
     _mm_prefetch(ahead + row_bytes + 127, _MM_HINT_T0);
-    const bool has_odd = 2 * p + 1 < src->reduce;
-    const __m512i even0 = _mm512_maskz_loadu_epi16(src->mask0, even_row);
-    const __m512i odd0 = has_odd ? _mm512_maskz_loadu_epi16(src->mask0, even_row + src->ldb)
-                                 : _mm512_setzero_si512();
-    StorePair(even0, odd0, src->lo_index, src->hi_index, const_cast<uint16_t*>(pair), b[0], b[1]);
-    const __m512i even1 = _mm512_maskz_loadu_epi16(src->mask1, even_row + kHalf);
-    const __m512i odd1 = has_odd ? _mm512_maskz_loadu_epi16(src->mask1, even_row + src->ldb + kHalf)
-                                 : _mm512_setzero_si512();
-    StorePair(even1, odd1, src->lo_index, src->hi_index, const_cast<uint16_t*>(pair) + 2 * kHalf, b[2],
-              b[3]);
+    PackPair(*src, even_row, 2 * p + 1 < src->reduce, const_cast<uint16_t*>(pair), b);
   } else {
     const char* ahead = reinterpret_cast<const char*>(pair) + kBAheadBytes;
 #pragma GCC unroll 4
@@ -272,17 +278,14 @@ GK_BF16DOT_TARGET __attribute__((noinline)) void DotTile(int64_t pairs, bool odd
 #pragma GCC unroll 2
     for (; p < p1; ++p) DotStep<MR, kPack>(a_bytes + 4 * p, ld, panel, p, &local, acc);
   }
-  // The last line of each next row, where the rows start mid-line.
-  for (int64_t r = 0; r < next_rows; ++r) _mm_prefetch(next_bytes + r * ld + 4 * pairs + 1, _MM_HINT_T0);
+  // The last line of each next row's block (its last byte), where the rows start mid-line.
+  const int64_t last_byte = 4 * pairs + (odd ? 1 : -1);
+  for (int64_t r = 0; r < next_rows; ++r) _mm_prefetch(next_bytes + r * ld + last_byte, _MM_HINT_T0);
   if (odd) {  // the last element alone: its pair's second element (and the panel's) zero
     const uint16_t* pair = panel + pairs * kPairElems;
     __m512bh b[4];
     if constexpr (kPack) {  // the row below it is past the reduction (zeros)
-      const uint16_t* even_row = local.rows + 2 * pairs * local.ldb;
-      StorePair(_mm512_maskz_loadu_epi16(local.mask0, even_row), _mm512_setzero_si512(), local.lo_index,
-                local.hi_index, const_cast<uint16_t*>(pair), b[0], b[1]);
-      StorePair(_mm512_maskz_loadu_epi16(local.mask1, even_row + kHalf), _mm512_setzero_si512(),
-                local.lo_index, local.hi_index, const_cast<uint16_t*>(pair) + 2 * kHalf, b[2], b[3]);
+      PackPair(local, local.rows + 2 * pairs * local.ldb, false, const_cast<uint16_t*>(pair), b);
     } else {
       for (int v = 0; v < 4; ++v) b[v] = (__m512bh)_mm512_load_si512(pair + 32 * v);
     }
