@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <string>
@@ -303,6 +304,29 @@ GK_FUZZ_NO_COVERAGE inline void FillIndex(GuardedMemory& memory, const View& v,
       std::memcpy(b.data() + i, &narrow, 4);
     } else {  // int64, or the low bytes for a dtype a mutation made wrong
       std::memcpy(b.data() + i, &value, static_cast<size_t>(std::min<int64_t>(elem, 8)));
+    }
+  }
+}
+
+// Fills the buffers of the views named in `roles` from a xorshift stream started at `state`: raw
+// bits, or with `exact` small integers (-3..3) in every float element, 12345 in the view `output`
+// (so that a test tells the values a call wrote from the ones it found).
+GK_FUZZ_NO_COVERAGE inline void FillFloatViews(GuardedMemory& memory, const View* views,
+                                               std::initializer_list<int> roles, int output,
+                                               bool exact, uint64_t state) {
+  for (int r : roles) {
+    const View& v = views[r];
+    if (v.buffer < 0) continue;
+    GuardedBuffer& b = *memory.buffers[v.buffer];
+    const int64_t elem = BytesOf(v.dtype);
+    for (size_t i = 0; i + elem <= b.size(); i += elem) {
+      state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+      if (!exact) {
+        std::memcpy(b.data() + i, &state, static_cast<size_t>(elem));
+      } else if (gk::IsKnownDType(v.dtype) && v.dtype != GK_INT32 && v.dtype != GK_INT64) {
+        gk::StoreFromF32(b.data() + i, 0, static_cast<gk::DType>(v.dtype),
+                         r == output ? 12345.0f : static_cast<float>(state % 7) - 3.0f);
+      }
     }
   }
 }

@@ -190,58 +190,11 @@ void Mutate(ByteReader& in, Call& call, Routing& r, int64_t slots, int64_t m) {
       case 5: if (!r.row_idx.empty()) r.row_idx[pick(r.row_idx)] = -1; break;
       case 6: call.batch = in.Bool() ? in.Range(-1, 6) : in.Pick(gk::fuzz::kHostileSizes); break;
       case 7: call.top_k = in.Bool() ? in.Range(-1, 4) : in.Pick(gk::fuzz::kHostileSizes); break;
-      case 8: {  // one dim of one tensor off by a little, or hostile
+      default: {  // a tensor's descriptor (MutateView): a dim, the rank, an offset or strides, the dtype
         View& v = call.views[in.Range(0, kRoles - 1)];
-        if (v.rank > 0) {
-          int64_t& d = v.dims[in.Range(0, v.rank - 1)];
-          d = in.Bool() ? std::clamp<int64_t>(d, 0, 1 << 20) + in.Range(-1, 1)
-                        : in.Pick(gk::fuzz::kHostileSizes);
-        }
+        const int what = kind % 12 - 8;
+        MutateView(in, v, what < 2 ? what : what == 3 ? 4 : in.Bool() ? 2 : 3);
         break;
-      }
-      case 9: {  // a rank off by one
-        View& v = call.views[in.Range(0, kRoles - 1)];
-        if (in.Bool() && v.rank < 4) {
-          v.dims[v.rank++] = 1;
-        } else if (v.rank > 0) {
-          --v.rank;
-        }
-        break;
-      }
-      case 10: {  // strides or an offset
-        View& v = call.views[in.Range(0, kRoles - 1)];
-        if (in.Bool()) {
-          v.offset = in.Bool() ? in.Range(0, 5) : in.Pick(gk::fuzz::kHostileSizes);
-        } else {
-          v.explicit_strides = true;
-          for (int d = 0; d < v.rank; ++d) {
-            v.strides[d] = in.Bool() ? in.Range(-2, 6) : in.Pick(gk::fuzz::kHostileSizes);
-          }
-        }
-        break;
-      }
-      default: {  // a dtype
-        View& v = call.views[in.Range(0, kRoles - 1)];
-        v.dtype = in.Pick(kAnyDTypes);
-        break;
-      }
-    }
-  }
-}
-
-GK_FUZZ_NO_COVERAGE void FillFloats(Call& call, uint64_t state) {
-  for (int r : {kGradY, kWeight, kGradX}) {
-    View& v = call.views[r];
-    if (v.buffer < 0) continue;
-    GuardedBuffer& b = *call.buffers[v.buffer];
-    const int64_t elem = BytesOf(v.dtype);
-    for (size_t i = 0; i + elem <= b.size(); i += elem) {
-      state ^= state << 13, state ^= state >> 7, state ^= state << 17;
-      if (!call.exact_values) {
-        std::memcpy(b.data() + i, &state, static_cast<size_t>(elem));
-      } else if (gk::IsKnownDType(v.dtype) && v.dtype != GK_INT32 && v.dtype != GK_INT64) {
-        gk::StoreFromF32(b.data() + i, 0, static_cast<DType>(v.dtype),
-                         r == kGradX ? 12345.0f : static_cast<float>(state % 7) - 3.0f);
       }
     }
   }
@@ -289,7 +242,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (memory >= 224) Share(call, dx, call.views[in.Range(0, kGroupList)], in.Range(-16, 16));
   call.exact_values = in.U8() < 224;
-  FillFloats(call, in.U64() | 1);
+  FillFloatViews(call, call.views, {kGradY, kWeight, kGradX}, kGradX, call.exact_values, in.U64() | 1);
   FillIndex(call, call.views[kRowIdx], routing.row_idx);
   FillIndex(call, call.views[kGroupList], routing.group_list);
   const uint8_t nulls = in.U8();
