@@ -7,8 +7,8 @@
 //
 // Packed B: panels of PanelWidth() columns (four vectors of float32 on AVX-512, two elsewhere),
 // each [reduce, PanelWidth()] row-major, float32 whatever the GEMM dtype (bfloat16 widened exactly
-// once, at packing), zero past `width`:  packed[(n / NR) * reduce * NR + k * NR + n % NR] = B(k, n). (Or, float32 B^T's
-// rows read in place, MoeMicroGemmKN: a panel is then NR columns of those rows.)
+// once, at packing), zero past `width`: packed[(n / NR) * reduce * NR + k * NR + n % NR] = B(k, n).
+// (Or, float32 B^T's rows read in place, MoeMicroGemmKN: a panel is then NR columns of those rows.)
 //
 // Sums: every C element is one chain of fused multiply-adds over k in ascending order, started
 // from 0 (or from C with `accumulate`), whatever the row count, the row blocking and the
