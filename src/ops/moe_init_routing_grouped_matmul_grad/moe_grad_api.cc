@@ -11,6 +11,7 @@
 #include "core/plan_math.h"
 #include "core/thread_pool.h"
 #include "gradkit/moe_init_routing_grouped_matmul_grad.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_kernels.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_def.h"
@@ -97,6 +98,9 @@ class MoeGradExecutor final : public gkOpExecutor {
     NextWeights next_weights{};  // the thread's next step's weight block (RunThread)
     std::array<float*, kMoeGradBestBaseM> dx_rows{};  // a tile's rows of gradX (base_m <= this)
     const int64_t* row_map = nullptr;  // the current RowSet's (RunExpert)
+    // Rows [begin, end) of gradY packed in a_tile as token panels (RunExpertBroadcast), until
+    // something else is written there.
+    int64_t tokens_begin = -1, tokens_end = -1;
   };
 
   // Rows one RunExpert call runs: expert g's are positions [starts[g], starts[g + 1]) of row_map
@@ -233,12 +237,15 @@ class MoeGradExecutor final : public gkOpExecutor {
     const MoeGradShape& s = p.shape;
     const int64_t col0 = block * p.base_n;
     const int64_t cols = BlockCols(block);
-    float* dx = reinterpret_cast<float*>(TensorBase(dx_));
     const int64_t elem = ElementBytes(s.dtype);
     const int64_t group_rows = p.parall_num * p.base_m;
     const int64_t* starts = set.starts;
     slots.row_map = set.row_map;
     const int64_t begin = starts[g], end = starts[g + 1];
+    if (set.row_map == nullptr && end - begin <= p.broadcast_max_rows) {
+      RunExpertBroadcast(begin, end, block, g, ws, slots);
+      return;
+    }
     const char* weight_block = WeightBlock(g, block);
     // Up to parall_num tiles at a time: each k-block of the weights is copied (float16:
     // converted; [N, K] storage: transposed) once for all of them, and their sums stay in the
@@ -277,14 +284,46 @@ class MoeGradExecutor final : public gkOpExecutor {
       }
       int64_t slot = 0;
       for (int64_t r0 = g0; r0 < g1; r0 += p.base_m, ++slot) {
-        const int64_t rows = std::min(p.base_m, g1 - r0);
-        for (int64_t r = 0; r < rows; ++r) {
-          slots.dx_rows[r] = dx + ws.row_token[RowAt(slots, r0 + r)] * s.k + col0;
-        }
-        MoeAddRowsF32(slots.dx_rows.data(), slots.ring + slot * p.base_m * p.base_n, p.base_n, rows,
-                      cols);
+        AddTileIntoGradX(r0, std::min(p.base_m, g1 - r0), col0, cols,
+                         slots.ring + slot * p.base_m * p.base_n, ws, slots);
       }
     }
+  }
+
+  // A tile of `rows` rows from position r0 (its ring slot) added into their tokens' gradX rows,
+  // columns [col0, col0 + cols).
+  void AddTileIntoGradX(int64_t r0, int64_t rows, int64_t col0, int64_t cols, const float* tile,
+                        const MoeGradWorkspace& ws, ThreadSlots& slots) const {
+    float* dx = reinterpret_cast<float*>(TensorBase(dx_));
+    const int64_t k = plan_.shape.k;
+    for (int64_t r = 0; r < rows; ++r) {
+      slots.dx_rows[r] = dx + ws.row_token[RowAt(slots, r0 + r)] * k + col0;
+    }
+    MoeAddRowsF32(slots.dx_rows.data(), tile, plan_.base_n, rows, cols);
+  }
+
+  // Expert g's rows [begin, end) of gradY (consecutive, at most plan.broadcast_max_rows) x the
+  // block's columns in the weights-broadcast form (MoeGradBroadcastRows): the rows packed into
+  // token panels in the A tile once for all of the expert's blocks on this thread, each block's
+  // weights read in place, C transposed in the ring's second slot and turned into the first
+  // slot's tile, then added into gradX as RunExpert's tiles are. The same bits as RunExpert's
+  // form (MoeBf16DotGemmBroadcastB); the next step's weight rows are fetched meanwhile.
+  void RunExpertBroadcast(int64_t begin, int64_t end, int64_t block, int64_t g,
+                          const MoeGradWorkspace& ws, ThreadSlots& slots) const {
+    const MoeGradPlan& p = plan_;
+    const MoeGradShape& s = p.shape;
+    const int64_t rows = end - begin, cols = BlockCols(block);
+    if (rows == 0) return;
+    if (slots.tokens_begin != begin || slots.tokens_end != end) {
+      MoeBf16DotPackTokens(rows, s.n, TensorBase(dy_) + begin * s.n * 2, s.n, slots.a_tile);
+      slots.tokens_begin = begin, slots.tokens_end = end;
+    }
+    float* tile = slots.ring;
+    float* transposed = slots.ring + p.base_m * p.base_n;
+    const NextWeights& next = slots.next_weights;
+    MoeBf16DotGemmBroadcastB(rows, cols, s.n, slots.a_tile, WeightBlock(g, block), s.n, tile, p.base_n,
+                             transposed, next.base, next.rows);
+    AddTileIntoGradX(begin, rows, block * p.base_n, cols, tile, ws, slots);
   }
 
   // k-block [k0, k0 + reduce) of the weight block's `cols` columns into the B tile, dense
@@ -336,6 +375,7 @@ class MoeGradExecutor final : public gkOpExecutor {
       a = TensorBase(dy_) + (first_row * s.n + k0) * elem;
     } else {
       const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
+      slots.tokens_begin = slots.tokens_end = -1;  // the token panels there are overwritten
       for (int64_t r = 0; r < rows; ++r) {
         const char* source = TensorBase(dy_) + (RowAt(slots, position + r) * s.n + k0) * elem;
         char* target = slots.a_tile + r * p.base_k * gemm_elem;

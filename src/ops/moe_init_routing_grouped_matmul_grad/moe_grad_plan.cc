@@ -199,6 +199,16 @@ bool MoeGradStreamsWeights(const MoeGradShape& shape, const MoeGradTiles& tiles)
   return held_rows_bytes + 2 * block_bytes <= kMoeGradStreamedBytes;
 }
 
+int64_t MoeGradBroadcastRows(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_bf16_dot) {
+  if (!gemm_bf16_dot || tiles.gemm_dtype != DType::kBF16 || tiles.k_blocks != 1 || shape.weight_nk ||
+      shape.n % 2 != 0 || shape.n == 0 || tiles.base_n % 16 != 0) {
+    return 0;
+  }
+  const uint64_t token_row_bytes = static_cast<uint64_t>(shape.n) * 2;
+  const int64_t fit = static_cast<int64_t>(kMoeGradBroadcastTokensBytes / token_row_bytes) / 16 * 16;
+  return std::min(tiles.base_m, fit);
+}
+
 bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_any_stride) {
   return shape.dtype == DType::kF16 || (!gemm_any_stride && (tiles.k_blocks > 1 || shape.weight_nk));
 }
@@ -234,7 +244,7 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape, bool gemm_any_s
 
 MoeGradMachine MoeGradMachineOf(const MoeTileGemm& gemm, const MoeTileGemmShape& shape) {
   MoeGradMachine machine{ConfiguredThreads(), gemm.scratchpad_bytes(), gemm.name(), {},
-                         gemm.row_granule(), gemm.takes_any_stride()};
+                         gemm.row_granule(), gemm.takes_any_stride(), gemm.runs_bf16_dot()};
   for (int64_t width : shape.widths) machine.gemm_impls.emplace_back(width, gemm.impl(width));
   return machine;
 }
@@ -272,6 +282,7 @@ MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& mac
   p.row_granule = machine.gemm_row_granule;
   p.gemm_any_stride = machine.gemm_any_stride;
   p.b_copied = MoeGradCopiesB(shape, tiles, p.gemm_any_stride);
+  p.broadcast_max_rows = p.b_copied ? 0 : MoeGradBroadcastRows(shape, tiles, machine.gemm_bf16_dot);
   p.parall_num = kMoeGradParallNum;
   p.col_blocks = tiles.col_blocks;
   p.last_block_cols = tiles.last_block_cols;
@@ -319,7 +330,7 @@ std::string MoeGradPlanToJson(const MoeGradPlan& p) {
       "\"shape\": {{\"M\": {}, \"N\": {}, \"K\": {}, \"G\": {}, \"L\": {}, \"batch\": {}, "
       "\"topK\": {}}}, \"weight_layout\": \"{}\", \"row_idx_type\": \"{}\", \"group_list_type\": \"{}\", "
       "\"base_m\": {}, \"base_n\": {}, \"base_k\": {}, \"k_blocks\": {}, \"last_k\": {}, "
-      "\"row_granule\": {}, \"gemm_any_stride\": {}, \"b_copied\": {}, \"parall_num\": {}, "
+      "\"row_granule\": {}, \"gemm_any_stride\": {}, \"b_copied\": {}, \"broadcast_max_rows\": {}, \"parall_num\": {}, "
       "\"threads\": {}, \"machine_threads\": {}, \"work_split\": {{\"col_blocks\": {}, \"last_block_cols\": {}, "
       "\"token_chunks\": {}, \"tokens_per_chunk\": {}, \"units\": {}, \"order\": "
       "\"round_robin\", \"planned_for_threads\": {}, \"units_per_thread_max\": {}, "
@@ -330,7 +341,7 @@ std::string MoeGradPlanToJson(const MoeGradPlan& p) {
       "\"unfused_bytes\": {}}}",
       DTypeName(s.dtype), DTypeName(p.gemm_dtype), p.gemm_backend, impls, s.m, s.n, s.k, s.g, s.l,
       s.batch, s.top_k, s.weight_nk ? "GNK" : "GKN", RowIdxTypeName(s.row_idx_type), GroupListTypeName(s.group_list_type),
-      p.base_m, p.base_n, p.base_k, p.k_blocks, p.last_k, p.row_granule, p.gemm_any_stride, p.b_copied, p.parall_num, p.threads, p.machine_threads, p.col_blocks,
+      p.base_m, p.base_n, p.base_k, p.k_blocks, p.last_k, p.row_granule, p.gemm_any_stride, p.b_copied, p.broadcast_max_rows, p.parall_num, p.threads, p.machine_threads, p.col_blocks,
       p.last_block_cols, p.token_chunks, p.tokens_per_chunk, p.units, kMoeGradPlannedThreads, p.UnitsOfThread(0), p.LoadBalance(p.machine_threads), p.WholeBlocks(), p.thread_bytes,
       kMoeGradAlignment, region(l.matmul_out_ring), region(l.a_tiles), region(l.b_tiles),
       region(l.system), region(l.group_offsets), region(l.row_token), region(l.chunk_starts),

@@ -68,6 +68,7 @@ struct MoeGradMachine {
   std::vector<std::pair<int64_t, std::string>> gemm_impls;  // per column width: its implementation
   int64_t gemm_row_granule = kMoeGradGemmRowGranule;  // GEMM rows are padded to this (MoeTileGemm; 1: none)
   bool gemm_any_stride = false;  // the GEMM reads A and B at any stride (MoeTileGemm::takes_any_stride)
+  bool gemm_bf16_dot = false;    // its bfloat16 calls run on the dot-product kernel (MoeTileGemm::runs_bf16_dot)
 };
 
 struct MoeGradRegion {
@@ -106,6 +107,9 @@ struct MoeGradPlan {
   // a tile's rows are consecutive; else, and for float16, through the A tile).
   bool gemm_any_stride;
   bool b_copied;              // weight k-blocks go through the B tile (MoeGradCopiesB)
+  // An expert whose rows run as one range (no row list) and number at most this takes the
+  // weights-broadcast form (MoeGradBroadcastRows); 0: none does.
+  int64_t broadcast_max_rows;
   int64_t parall_num;         // ring slots per thread (tiles in flight per k-block pass)
   int32_t threads;            // the machine's threads, at most one per unit
   int32_t machine_threads;    // the machine's threads (load_balance counts idle ones)
@@ -164,6 +168,20 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape, bool gemm_any_stride)
 // the 6 x 64 kernel 1.02-1.07x oneDNN's (session 43; on session 36's 12 x 32 kernel it lost);
 // S1 and S4 (704 KiB blocks) equal to oneDNN's, left on it (docs/benchmarks.md).
 bool MoeGradStreamsWeights(const MoeGradShape& shape, const MoeGradTiles& tiles);
+
+// The most rows of an expert that run in the weights-broadcast form (moe_grad_bf16dot.h: its gradY
+// rows packed once into token panels in the thread's A tile, each weight block read in place, C
+// transposed in the ring's second slot, then added into gradX as the first slot's tile is), 0
+// where no expert does. Taken with bfloat16 on the dot-product kernel (the same bits as its
+// packed-weights form, so experts may differ in form), one k-block, [K, N] weights (a block's
+// rows are its reduction), N even and base_n a multiple of 16; up to base_m rows whose panels
+// take at most kMoeGradBroadcastTokensBytes, which stay in L2 while every weight block of the
+// expert runs over them. Packing each weight block cost the packed form 9% of fused S3's samples
+// (137 rows an expert); the broadcast form packs an expert's 548 KiB of gradY once instead of
+// 112 blocks of 256 KiB. One-process harness, Zen 5, 2 threads, the same bits: S3 bfloat16
+// 1.02-1.05x, S2 1.00x (docs/benchmarks.md, session 45).
+inline constexpr uint64_t kMoeGradBroadcastTokensBytes = 640u << 10;
+int64_t MoeGradBroadcastRows(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_bf16_dot);
 
 // Whether each k-block of a weight block is copied into the thread's B tile first. On a GEMM
 // that takes the shape's strides only (oneDNN): float16 weights are converted to float32 (the

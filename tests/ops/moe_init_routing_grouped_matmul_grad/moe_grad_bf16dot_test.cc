@@ -3,7 +3,8 @@
 // rows, columns and reduction blocks of the call and the strides of A and C; B packed from its rows
 // and from its transpose's rows gives the same bytes, zeros past the width and the reduction; a
 // reduction split at an even k continues the chains; B packed by the kernel as it multiplies gives
-// the same bytes and bits; lines asked for meanwhile change no bit.
+// the same bytes and bits; lines asked for meanwhile change no bit; the weights-broadcast form
+// (A packed into token panels, B read in place) gives the same bits.
 // Sizes from the kernel's blocks: rows around its 6-row register block (every split of a rest
 // into one or two blocks), widths around its 64-column panel (and its 32-column halves),
 // reductions around kMoeBf16DotReduceBlock (cut into two or three blocks) and odd.
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "core/dtype.h"
@@ -210,6 +212,73 @@ TEST_F(MoeBf16DotTest, SplitAtEvenKContinuesTheChains) {
                    parts.data(), width, true);
     EXPECT_EQ(parts, whole) << "split at " << split;
   }
+}
+
+// The weights-broadcast form (MoeBf16DotPackTokens, then MoeBf16DotGemmBroadcastB): each C element
+// is the instruction's chain, the bits of MoeBf16DotGemm, and nothing of C's row stride past the
+// width is written. Sizes from its blocks: rows around the 16-token vector and the 48-token
+// group (every last group of one, two or three vectors) and up to 256 (the fused op's tile),
+// widths around the 8-row weight block and the 16-column transposes, reductions around the
+// packer's 16 pairs and long; the next block named or not.
+TEST_F(MoeBf16DotTest, BroadcastFormGivesTheChainsOfTheDotKernel) {
+  const int64_t wr = kMoeBf16DotWeightRows, tg = kMoeBf16DotTokenGroup;
+  const std::vector<int64_t> row_counts{1, 15, 16, 17, 31, 33, tg - 1, tg, tg + 1, tg + 16, 2 * tg + 1, 137, 256};
+  for (int64_t rows : row_counts) {
+    for (int64_t width : {int64_t{1}, wr - 1, wr, wr + 1, 2 * wr + 1, int64_t{64}, int64_t{65}}) {
+      for (int64_t reduce : {int64_t{2}, int64_t{30}, int64_t{32}, int64_t{34}, int64_t{66}, kReduceBlock + 34}) {
+        if (reduce > 66 && rows * width > 137 * 64) continue;  // the long reduction: fewer shapes
+        SCOPED_TRACE(::testing::Message() << "rows " << rows << " width " << width << " reduce " << reduce);
+        const Operands op(rows, width, reduce, static_cast<uint32_t>(rows * 17 + width * 5 + reduce));
+        std::vector<uint16_t> packed = op.Packed();
+        const int64_t ldc = width + 3;
+        std::vector<float> want(static_cast<size_t>(rows * ldc), -7.0f), got = want;
+        MoeBf16DotGemm(rows, width, reduce, op.a.data(), op.lda, Operands::Aligned(packed), want.data(), ldc,
+                       false);
+        std::vector<uint32_t> tokens(MoeBf16DotTokensBytes(rows, reduce) / 4, 0xdeadbeef);
+        MoeBf16DotPackTokens(rows, reduce, op.a.data(), op.lda, tokens.data());
+        std::vector<float> scratch(MoeBf16DotBroadcastScratchBytes(rows, width) / 4);
+        const std::vector<uint16_t> next = Values(wr * op.ldb, 5);
+        MoeBf16DotGemmBroadcastB(rows, width, reduce, tokens.data(), op.b.data(), op.ldb, got.data(), ldc,
+                                 scratch.data(), rows % 2 == 0 ? next.data() : nullptr, wr);
+        ASSERT_EQ(got, want);
+        for (int64_t r = 0; r < std::min<int64_t>(rows, 3); ++r) {
+          for (int64_t n = 0; n < width; ++n) {
+            ASSERT_EQ(got[static_cast<size_t>(r * ldc + n)], op.Chain(r, n, 0, reduce, 0.0f));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Token panels: every word where the layout puts it, zeros past the rows; an odd reduction is
+// refused by both calls.
+TEST_F(MoeBf16DotTest, TokenPanelsHoldEachRowsPairs) {
+  const int64_t tg = kMoeBf16DotTokenGroup;
+  for (int64_t rows : {int64_t{1}, int64_t{17}, tg, tg + 17, 2 * tg + 33}) {
+    for (int64_t reduce : {int64_t{2}, int64_t{34}, int64_t{64}}) {
+      SCOPED_TRACE(::testing::Message() << "rows " << rows << " reduce " << reduce);
+      const Operands op(rows, 1, reduce, static_cast<uint32_t>(rows + reduce));
+      const int64_t tokens = (rows + 15) / 16 * 16, pairs = reduce / 2;
+      ASSERT_EQ(MoeBf16DotTokensBytes(rows, reduce), static_cast<uint64_t>(tokens * pairs * 4));
+      std::vector<uint32_t> panels(static_cast<size_t>(tokens * pairs), 0xdeadbeef);
+      MoeBf16DotPackTokens(rows, reduce, op.a.data(), op.lda, panels.data());
+      for (int64_t t = 0; t < tokens; ++t) {
+        const int64_t g0 = t / tg * tg, width = std::min(tg, tokens - g0);
+        for (int64_t p = 0; p < pairs; ++p) {
+          uint32_t want = 0;
+          if (t < rows) std::memcpy(&want, op.a.data() + t * op.lda + 2 * p, 4);
+          ASSERT_EQ(panels[static_cast<size_t>(g0 * pairs + p * width + t - g0)], want) << "t " << t << " p " << p;
+        }
+      }
+    }
+  }
+  std::vector<uint32_t> panels(64);
+  std::vector<float> c(64), scratch(1024);
+  const Operands op(2, 2, 3, 1);
+  EXPECT_THROW(MoeBf16DotPackTokens(2, 3, op.a.data(), op.lda, panels.data()), std::logic_error);
+  EXPECT_THROW(MoeBf16DotGemmBroadcastB(2, 2, 3, panels.data(), op.b.data(), op.ldb, c.data(), 2, scratch.data()),
+               std::logic_error);
 }
 
 // Lines asked for meanwhile (an unrelated buffer of 16 rows of 4 lines, 3 lines a register

@@ -235,6 +235,40 @@ TEST(moe_grad_plan, WorkspaceDoesNotGrowWithM) {
   }
 }
 
+// The weights-broadcast form's rows (MoeGradBroadcastRows): bfloat16 on the dot-product kernel
+// with one k-block, [K, N] weights, N even and 16-column blocks, up to base_m rows whose token
+// panels (rows rounded down to 16, N bfloat16 each) fit kMoeGradBroadcastTokensBytes; 0 otherwise. S3's
+// 4 KiB rows: 160; S2's 1.5 KiB rows: base_m (256). The plan carries it (0 without the kernel).
+TEST(moe_grad_plan, BroadcastRowsFromTheTokenPanelBudget) {
+  const auto rows = [](const MoeGradShape& s, bool dot = true) {
+    return MoeGradBroadcastRows(s, ChooseMoeGradTiles(s, /*gemm_any_stride=*/true), dot);
+  };
+  const MoeGradShape s2 = Shape(2048, 8, 64, 2048, 768, DType::kBF16);
+  const MoeGradShape s3 = Shape(1024, 8, 60, 7168, 2048, DType::kBF16);
+  EXPECT_EQ(rows(s3), static_cast<int64_t>(kMoeGradBroadcastTokensBytes / (2048 * 2)) / 16 * 16);
+  EXPECT_EQ(rows(s3), 160);
+  EXPECT_EQ(rows(s2), ChooseMoeGradTiles(s2, true).base_m);
+  EXPECT_EQ(rows(s3, /*dot=*/false), 0);
+  MoeGradShape f32 = s3, nk = s3, odd = s3, long_n = Shape(64, 2, 8, 256, 65536, DType::kBF16);
+  f32.dtype = DType::kF32;
+  nk.weight_nk = true;
+  odd.n = 2047;
+  EXPECT_EQ(rows(f32), 0);
+  EXPECT_EQ(rows(nk), 0);
+  EXPECT_EQ(rows(odd), 0);
+  ASSERT_GT(ChooseMoeGradTiles(long_n, true).k_blocks, 1);
+  EXPECT_EQ(rows(long_n), 0);
+  // Rounded down to 16 rows: 2080 bfloat16 a row leave room for 157.
+  const MoeGradShape wider = Shape(1024, 8, 60, 7168, 2080, DType::kBF16);
+  ASSERT_EQ(ChooseMoeGradTiles(wider, true).k_blocks, 1);
+  EXPECT_EQ(rows(wider), 144);
+  MoeGradMachine dot = Machine(2), plain = Machine(2);
+  dot.gemm_any_stride = plain.gemm_any_stride = true;
+  dot.gemm_bf16_dot = true;
+  EXPECT_EQ(MakeMoeGradPlan(s3, dot).broadcast_max_rows, 160);
+  EXPECT_EQ(MakeMoeGradPlan(s3, plain).broadcast_max_rows, 0);
+}
+
 // Weights stream (the next block fetched during the GEMMs) for bfloat16 with one k-block where the
 // gradY rows the kernel holds (an expert's average, at most kMoeBf16DotAChunkBytes) and two
 // weight blocks fit in kMoeGradStreamedBytes: of the benchmark's shapes S2 and S3, not S1's long
@@ -429,7 +463,7 @@ TEST(moe_grad_plan, JsonNamesEveryField) {
                           "\"threads\": 2", "\"work_split\"", "\"token_chunks\"", "\"units\"",
                           "\"load_balance\": ", "\"whole_blocks\": true", "\"k_blocks\": ", "\"gemm_impl\": ", "\"thread_bytes\": ",
                           "\"matmul_out_ring\"", "\"row_token\"", "\"system\"", "\"alignment\": 512",
-                          "\"workspace_bytes\"", "\"gemm_dtype\": \"bfloat16\""}) {
+                          "\"workspace_bytes\"", "\"gemm_dtype\": \"bfloat16\"", "\"broadcast_max_rows\": 0"}) {
     EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
   }
   EXPECT_EQ(p, MakeMoeGradPlan(p.shape, Machine(2)));  // computed, not stateful

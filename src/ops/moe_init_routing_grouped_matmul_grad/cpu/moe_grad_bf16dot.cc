@@ -34,6 +34,11 @@ constexpr int64_t kKnRows = 16;
 // The register block asks for the panel's pairs this far ahead of the one it multiplies (into L1;
 // the panel's block is read from L2 by every register block after the first).
 constexpr int64_t kBAheadBytes = 1024;
+// The weights-broadcast form's register block: kWeightRows weight rows x up to three vectors of
+// kTokenVector tokens (A rows).
+constexpr int64_t kTokenVector = 16;
+constexpr int64_t kTokenGroup = kMoeBf16DotTokenGroup;
+constexpr int kWeightRows = static_cast<int>(kMoeBf16DotWeightRows);
 
 #if defined(GK_BF16DOT)
 // The lanes of 32 columns' pairs, first (second) 16 columns: elements j of row 2p and row 2p + 1
@@ -407,6 +412,160 @@ GK_BF16DOT_TARGET void DotGemmRows(int64_t rows, int64_t width, int64_t reduce, 
     }
   }
 }
+
+// ---- The weights-broadcast form (MoeBf16DotGemmBroadcastB) ----
+
+// A 16 x 16 matrix of 32-bit words transposed in registers: row i in, column i out.
+GK_BF16DOT_TARGET __attribute__((always_inline)) inline void TransposeWords16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
+    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
+  }
+}
+
+// A's rows into token panels (see MoeBf16DotPackTokens): 16 rows x 16 pairs at a time through a
+// register transpose, the pairs past the last multiple of 16 word by word.
+GK_BF16DOT_TARGET void PackTokenPanels(int64_t rows, int64_t pairs, const uint16_t* a, int64_t lda,
+                                       uint32_t* dst) {
+  const int64_t tokens = RoundUp(rows, kTokenVector);
+  for (int64_t t0 = 0; t0 < tokens; t0 += kTokenVector) {
+    const int64_t g0 = t0 / kTokenGroup * kTokenGroup;
+    const int64_t group_width = std::min(kTokenGroup, tokens - g0);
+    uint32_t* out = dst + g0 * pairs + (t0 - g0);
+    const int64_t valid = std::min(kTokenVector, rows - t0);
+    int64_t p0 = 0;
+    for (; p0 + 16 <= pairs; p0 += 16) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        r[i] = i < valid ? _mm512_loadu_si512(a + (t0 + i) * lda + 2 * p0) : _mm512_setzero_si512();
+      }
+      TransposeWords16(r);
+      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(out + (p0 + j) * group_width, r[j]);
+    }
+    for (; p0 < pairs; ++p0) {
+      for (int64_t i = 0; i < kTokenVector; ++i) {
+        uint32_t word = 0;
+        if (i < valid) std::memcpy(&word, a + (t0 + i) * lda + 2 * p0, 4);
+        out[p0 * group_width + i] = word;
+      }
+    }
+  }
+}
+
+// One register block: kWeightRows weight rows x NV token vectors of float32 accumulators over
+// every pair, each step NV panel vectors times each row's pair broadcast (the weights' own 32-bit
+// words). Stored to ct (rows ldct apart, a row's tokens contiguous). A line of `next` asked for
+// every `every` pairs.
+template <int NV>
+GK_BF16DOT_TARGET __attribute__((noinline)) void BroadcastTile(int64_t pairs,
+                                                               const uint16_t* const* w_rows,
+                                                               const uint32_t* panel, float* ct,
+                                                               int64_t ldct, MoeMicroPrefetch* next,
+                                                               int64_t every) {
+  __m512 acc[kWeightRows][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < kWeightRows; ++r) {
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  const uint16_t* w[kWeightRows];
+  for (int r = 0; r < kWeightRows; ++r) w[r] = w_rows[r];
+  int64_t countdown = every;
+  for (int64_t p = 0; p < pairs; ++p) {
+    if (--countdown == 0) {
+      MoeMicroAskNextLine(next);
+      countdown = every;
+    }
+    __m512i b[NV];
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_si512(panel + p * (kTokenVector * NV) + kTokenVector * v);
+#pragma GCC unroll 8
+    for (int r = 0; r < kWeightRows; ++r) {
+      int32_t word;
+      std::memcpy(&word, w[r] + 2 * p, 4);
+      const __m512i pair = _mm512_set1_epi32(word);
+#pragma GCC unroll 3
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)pair, (__m512bh)b[v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kWeightRows; ++r) {
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(ct + r * ldct + kTokenVector * v, acc[r][v]);
+  }
+}
+
+GK_BF16DOT_TARGET void GemmBroadcastB(int64_t rows, int64_t width, int64_t pairs, const uint32_t* a_tokens,
+                                      const uint16_t* b, int64_t ldb, float* c, int64_t ldc, float* ct,
+                                      const uint16_t* next_b, int64_t next_rows) {
+  const int64_t tokens = RoundUp(rows, kTokenVector);
+  const int64_t groups = CeilDiv(tokens, kTokenGroup);
+  const int64_t row_bytes = 4 * pairs;
+  for (int64_t n0 = 0; n0 < width; n0 += kWeightRows) {
+    // Past the width, the last row again (its sums land in rows of ct never read).
+    const uint16_t* w_rows[kWeightRows];
+    for (int r = 0; r < kWeightRows; ++r) w_rows[r] = b + std::min<int64_t>(n0 + r, width - 1) * ldb;
+    // The next register blocks' weight rows (the next block's first ones after the last), asked
+    // for meanwhile.
+    MoeMicroPrefetch next{};
+    if (n0 + kWeightRows < width) {
+      next = {reinterpret_cast<const char*>(b + (n0 + kWeightRows) * ldb),
+              std::min<int64_t>(kWeightRows, width - n0 - kWeightRows), row_bytes, 2 * ldb};
+    } else if (next_b != nullptr) {
+      next = {reinterpret_cast<const char*>(next_b), std::min<int64_t>(kWeightRows, next_rows), row_bytes,
+              2 * ldb};
+    }
+    const int64_t lines = next.rows * CeilDiv(row_bytes, int64_t{64});
+    const int64_t every = lines > 0 ? std::max<int64_t>(1, groups * pairs / lines) : pairs + 1;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t vectors = std::min<int64_t>(3, (tokens - g * kTokenGroup) / kTokenVector);
+      const uint32_t* panel = a_tokens + g * kTokenGroup * pairs;
+      float* out = ct + n0 * tokens + g * kTokenGroup;
+      if (vectors == 3) {
+        BroadcastTile<3>(pairs, w_rows, panel, out, tokens, &next, every);
+      } else if (vectors == 2) {
+        BroadcastTile<2>(pairs, w_rows, panel, out, tokens, &next, every);
+      } else {
+        BroadcastTile<1>(pairs, w_rows, panel, out, tokens, &next, every);
+      }
+    }
+  }
+  // ct [weight rows, tokens] -> C [rows, width], 16 x 16 at a time, the last columns masked.
+  const int64_t ct_rows = RoundUp(width, int64_t{kWeightRows});
+  for (int64_t t0 = 0; t0 < rows; t0 += kTokenVector) {
+    const int64_t out_rows = std::min(kTokenVector, rows - t0);
+    for (int64_t c0 = 0; c0 < width; c0 += 16) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        r[i] = c0 + i < ct_rows ? _mm512_loadu_si512(ct + (c0 + i) * tokens + t0) : _mm512_setzero_si512();
+      }
+      TransposeWords16(r);
+      const __mmask16 cols = static_cast<__mmask16>(width - c0 >= 16 ? 0xFFFF : (1u << (width - c0)) - 1);
+      for (int64_t j = 0; j < out_rows; ++j) {
+        _mm512_mask_storeu_ps(c + (t0 + j) * ldc + c0, cols, _mm512_castsi512_ps(r[j]));
+      }
+    }
+  }
+}
 #endif  // GK_BF16DOT
 
 int64_t DotReduceBlock(int64_t reduce) {
@@ -480,6 +639,40 @@ void MoeBf16DotGemmPackingKN(int64_t rows, int64_t width, int64_t reduce, const 
 #else
   (void)rows, (void)width, (void)reduce, (void)a, (void)lda, (void)b_kn, (void)ldb, (void)b_packed,
       (void)c, (void)ldc, (void)accumulate, (void)prefetch;
+  throw std::logic_error("bfloat16 dot-product kernel: not built for this CPU");
+#endif
+}
+
+uint64_t MoeBf16DotTokensBytes(int64_t rows, int64_t reduce) {
+  return static_cast<uint64_t>(RoundUp(rows, kTokenVector) * (reduce / 2)) * 4;
+}
+
+uint64_t MoeBf16DotBroadcastScratchBytes(int64_t rows, int64_t width) {
+  return static_cast<uint64_t>(RoundUp(rows, kTokenVector) * RoundUp(width, int64_t{16})) * 4;
+}
+
+void MoeBf16DotPackTokens(int64_t rows, int64_t reduce, const void* a, int64_t lda, void* dst) {
+  if (reduce % 2 != 0) throw std::logic_error("MoeBf16DotPackTokens: the reduction must be even");
+#if defined(GK_BF16DOT)
+  PackTokenPanels(rows, reduce / 2, static_cast<const uint16_t*>(a), lda, static_cast<uint32_t*>(dst));
+#else
+  (void)rows, (void)a, (void)lda, (void)dst;
+  throw std::logic_error("bfloat16 dot-product kernel: not built for this CPU");
+#endif
+}
+
+void MoeBf16DotGemmBroadcastB(int64_t rows, int64_t width, int64_t reduce, const void* a_tokens,
+                              const void* b, int64_t ldb, float* c, int64_t ldc, float* scratch,
+                              const void* next_b, int64_t next_rows) {
+  if (reduce % 2 != 0) throw std::logic_error("MoeBf16DotGemmBroadcastB: the reduction must be even");
+#if defined(GK_BF16DOT)
+  if (rows == 0 || width == 0) return;
+  GemmBroadcastB(rows, width, reduce / 2, static_cast<const uint32_t*>(a_tokens),
+                 static_cast<const uint16_t*>(b), ldb, c, ldc, scratch,
+                 static_cast<const uint16_t*>(next_b), next_rows);
+#else
+  (void)rows, (void)width, (void)a_tokens, (void)b, (void)ldb, (void)c, (void)ldc, (void)scratch,
+      (void)next_b, (void)next_rows;
   throw std::logic_error("bfloat16 dot-product kernel: not built for this CPU");
 #endif
 }

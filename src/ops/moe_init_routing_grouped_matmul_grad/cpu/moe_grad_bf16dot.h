@@ -73,4 +73,40 @@ void MoeBf16DotGemmPackingKN(int64_t rows, int64_t width, int64_t reduce, const 
                              const void* b_kn, int64_t ldb, void* b_packed, float* c, int64_t ldc,
                              bool accumulate, MoeMicroPrefetch* prefetch = nullptr);
 
+// ---- The weights-broadcast form ----
+// The same product with the operands' roles swapped, for the fused op's experts of few rows,
+// whose weight blocks serve too few rows to repay packing them: A (an expert's gradY rows) is
+// packed once into token panels and serves every block of weights, and B's rows (the weights,
+// [K, N] rows, reduction contiguous) are read where they are, each 32-bit word (a pair) broadcast
+// into the instruction against 16 tokens of a panel. The register block is
+// kMoeBf16DotWeightRows weight rows x up to three vectors of 16 tokens (a token group of
+// kMoeBf16DotTokenGroup); it holds C transposed, which a 16 x 16 register transpose turns back
+// into C's rows at the end. Each C element is the same chain over the pairs as MoeBf16DotGemm's
+// (see the top of this file: the products are exact, so which operand is broadcast changes no
+// bit): the two forms give the same bits, and a caller may take either per call.
+inline constexpr int64_t kMoeBf16DotWeightRows = 8;
+inline constexpr int64_t kMoeBf16DotTokenGroup = 48;
+
+// Bytes of A's rows [rows, reduce] as token panels: rows rounded up to 16, reduce even.
+uint64_t MoeBf16DotTokensBytes(int64_t rows, int64_t reduce);
+// Bytes of MoeBf16DotGemmBroadcastB's scratch for a call of `rows` rows and `width` columns.
+uint64_t MoeBf16DotBroadcastScratchBytes(int64_t rows, int64_t width);
+
+// Packs bfloat16 A [rows, reduce] (row stride lda; reduce even, else std::logic_error) into
+// token panels at `dst` (MoeBf16DotTokensBytes): tokens (rows, zero past `rows` up to a multiple
+// of 16) in groups of 48, the last one 16, 32 or 48 wide; group g (tokens 48 g ..) of width w at
+// word g * 48 * pairs, its word for pair p and token t at p * w + t % 48 (the token's elements
+// 2p and 2p + 1 side by side).
+void MoeBf16DotPackTokens(int64_t rows, int64_t reduce, const void* a, int64_t lda, void* dst);
+
+// C[rows, width] (row stride ldc) = A * B^T: A packed by MoeBf16DotPackTokens (the same rows and
+// reduce), B [width, reduce] bfloat16 rows of stride ldb read in place (reduce even, else
+// std::logic_error). scratch: MoeBf16DotBroadcastScratchBytes(rows, width), 64-byte aligned
+// or not. Meanwhile the next register block's weight rows are asked for, and during the last
+// one the first kMoeBf16DotWeightRows of `next_b`'s `next_rows` rows (the caller's next block of
+// the same stride and reduce; null: none). The same bits as MoeBf16DotGemm without accumulate.
+void MoeBf16DotGemmBroadcastB(int64_t rows, int64_t width, int64_t reduce, const void* a_tokens,
+                              const void* b, int64_t ldb, float* c, int64_t ldc, float* scratch,
+                              const void* next_b = nullptr, int64_t next_rows = 0);
+
 }  // namespace gk

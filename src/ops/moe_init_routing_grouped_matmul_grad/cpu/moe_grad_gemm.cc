@@ -95,6 +95,7 @@ class MicroTileGemm final : public MoeTileGemm {
   bool prepares_b_from_kn() const override { return shape_.prepared_b && shape_.ldb_kn > 0; }
   bool takes_any_stride() const override { return true; }
   bool rows_independent(int64_t) const override { return true; }  // one chain per element
+  bool runs_bf16_dot() const override { return dot_; }
 
   // Whether float32 B^T rows of this width may be read in place (MoeMicroGemmKN) rather than
   // packed: streamed blocks (fetched into L2 while the calls before them run, so a block's rows

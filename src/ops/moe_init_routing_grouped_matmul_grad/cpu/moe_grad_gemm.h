@@ -159,6 +159,9 @@ class MoeTileGemm {
   virtual bool takes_any_stride() const { return false; }
   // Whether the shape's b_in_place was taken: PrepareBFromKN hands B^T's rows back unpacked.
   virtual bool reads_b_in_place() const { return false; }
+  // Whether its bfloat16 calls run on the dot-product kernel (moe_grad_bf16dot.h), whose
+  // weights-broadcast form gives the same bits (the fused op's experts of few rows take it).
+  virtual bool runs_bf16_dot() const { return false; }
   // Whether calls of this width give a row of C the same bits whatever the call's row count and
   // its other rows (every reduction step, accumulating or not), so that a caller may group rows
   // into calls differently (the fused op's whole blocks, which depend on the thread count): the
