@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "gradkit/moe_init_routing_grouped_matmul_grad.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_f32bcast.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_kernels.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_def.h"
@@ -307,22 +308,36 @@ class MoeGradExecutor final : public gkOpExecutor {
   // token panels in the A tile once for all of the expert's blocks on this thread, each block's
   // weights read in place, C transposed in the ring's second slot and turned into the first
   // slot's tile, then added into gradX as RunExpert's tiles are. The same bits as RunExpert's
-  // form (MoeBf16DotGemmBroadcastB); the next step's weight rows are fetched meanwhile.
+  // form (MoeBf16DotGemmBroadcastB, MoeF32GemmBroadcastB); the next step's weight rows are
+  // fetched meanwhile.
   void RunExpertBroadcast(int64_t begin, int64_t end, int64_t block, int64_t g,
                           const MoeGradWorkspace& ws, ThreadSlots& slots) const {
     const MoeGradPlan& p = plan_;
     const MoeGradShape& s = p.shape;
     const int64_t rows = end - begin, cols = BlockCols(block);
     if (rows == 0) return;
+    const bool f32 = s.dtype == DType::kF32;
+    const char* dy_rows = TensorBase(dy_) + begin * s.n * ElementBytes(s.dtype);
     if (slots.tokens_begin != begin || slots.tokens_end != end) {
-      MoeBf16DotPackTokens(rows, s.n, TensorBase(dy_) + begin * s.n * 2, s.n, slots.a_tile);
+      if (f32) {
+        MoeF32PackTokens(rows, s.n, reinterpret_cast<const float*>(dy_rows), s.n,
+                         reinterpret_cast<float*>(slots.a_tile));
+      } else {
+        MoeBf16DotPackTokens(rows, s.n, dy_rows, s.n, slots.a_tile);
+      }
       slots.tokens_begin = begin, slots.tokens_end = end;
     }
     float* tile = slots.ring;
     float* transposed = slots.ring + p.base_m * p.base_n;
     const NextWeights& next = slots.next_weights;
-    MoeBf16DotGemmBroadcastB(rows, cols, s.n, slots.a_tile, WeightBlock(g, block), s.n, tile, p.base_n,
-                             transposed, next.base, next.rows);
+    if (f32) {
+      MoeF32GemmBroadcastB(rows, cols, s.n, reinterpret_cast<const float*>(slots.a_tile),
+                           reinterpret_cast<const float*>(WeightBlock(g, block)), s.n, tile, p.base_n,
+                           transposed, reinterpret_cast<const float*>(next.base), next.rows);
+    } else {
+      MoeBf16DotGemmBroadcastB(rows, cols, s.n, slots.a_tile, WeightBlock(g, block), s.n, tile,
+                               p.base_n, transposed, next.base, next.rows);
+    }
     AddTileIntoGradX(begin, rows, block * p.base_n, cols, tile, ws, slots);
   }
 

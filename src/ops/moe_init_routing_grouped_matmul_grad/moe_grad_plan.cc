@@ -199,14 +199,26 @@ bool MoeGradStreamsWeights(const MoeGradShape& shape, const MoeGradTiles& tiles)
   return held_rows_bytes + 2 * block_bytes <= kMoeGradStreamedBytes;
 }
 
-int64_t MoeGradBroadcastRows(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_bf16_dot) {
-  if (!gemm_bf16_dot || tiles.gemm_dtype != DType::kBF16 || tiles.k_blocks != 1 || shape.weight_nk ||
-      shape.n % 2 != 0 || shape.n == 0 || tiles.base_n % 16 != 0) {
+int64_t MoeGradBroadcastRows(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_broadcast_form) {
+  const bool dtype_ok = (shape.dtype == DType::kBF16 && shape.n % 2 == 0) || shape.dtype == DType::kF32;
+  if (!gemm_broadcast_form || !dtype_ok || tiles.k_blocks != 1 || shape.weight_nk || shape.n == 0 ||
+      tiles.base_n % 16 != 0) {
     return 0;
   }
+  if (shape.dtype == DType::kF32) return tiles.base_m;
   const uint64_t token_row_bytes = static_cast<uint64_t>(shape.n) * 2;
   const int64_t fit = static_cast<int64_t>(kMoeGradBroadcastTokensBytes / token_row_bytes) / 16 * 16;
   return std::min(tiles.base_m, fit);
+}
+
+bool MoeGradAsksF32Broadcast(const MoeGradShape& shape) {
+  if (shape.dtype != DType::kF32) return false;
+  for (bool any_stride : {false, true}) {
+    const MoeGradTiles tiles = ChooseMoeGradTiles(shape, any_stride);
+    const int64_t rows = MoeGradBroadcastRows(shape, tiles, /*gemm_broadcast_form=*/true);
+    if (rows == 0 || CeilDiv(shape.m, std::max<int64_t>(shape.g, 1)) > rows) return false;
+  }
+  return true;
 }
 
 bool MoeGradCopiesB(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_any_stride) {
@@ -234,6 +246,7 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape, bool gemm_any_s
   g.prepared_b = true;
   g.own_f32_where_faster = true;
   g.streamed_b = MoeGradStreamsWeights(shape, t);
+  g.f32_broadcast = MoeGradAsksF32Broadcast(shape);
   g.steps = {{t.base_k, false}};
   if (t.k_blocks > 1) {
     if (t.k_blocks > 2 || t.last_k == t.base_k) g.steps.push_back({t.base_k, true});
@@ -244,7 +257,7 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape, bool gemm_any_s
 
 MoeGradMachine MoeGradMachineOf(const MoeTileGemm& gemm, const MoeTileGemmShape& shape) {
   MoeGradMachine machine{ConfiguredThreads(), gemm.scratchpad_bytes(), gemm.name(), {},
-                         gemm.row_granule(), gemm.takes_any_stride(), gemm.runs_bf16_dot()};
+                         gemm.row_granule(), gemm.takes_any_stride(), gemm.has_broadcast_form()};
   for (int64_t width : shape.widths) machine.gemm_impls.emplace_back(width, gemm.impl(width));
   return machine;
 }
@@ -282,7 +295,7 @@ MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& mac
   p.row_granule = machine.gemm_row_granule;
   p.gemm_any_stride = machine.gemm_any_stride;
   p.b_copied = MoeGradCopiesB(shape, tiles, p.gemm_any_stride);
-  p.broadcast_max_rows = p.b_copied ? 0 : MoeGradBroadcastRows(shape, tiles, machine.gemm_bf16_dot);
+  p.broadcast_max_rows = p.b_copied ? 0 : MoeGradBroadcastRows(shape, tiles, machine.gemm_broadcast_form);
   p.parall_num = kMoeGradParallNum;
   p.col_blocks = tiles.col_blocks;
   p.last_block_cols = tiles.last_block_cols;

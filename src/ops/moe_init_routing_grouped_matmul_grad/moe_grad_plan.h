@@ -68,7 +68,7 @@ struct MoeGradMachine {
   std::vector<std::pair<int64_t, std::string>> gemm_impls;  // per column width: its implementation
   int64_t gemm_row_granule = kMoeGradGemmRowGranule;  // GEMM rows are padded to this (MoeTileGemm; 1: none)
   bool gemm_any_stride = false;  // the GEMM reads A and B at any stride (MoeTileGemm::takes_any_stride)
-  bool gemm_bf16_dot = false;    // its bfloat16 calls run on the dot-product kernel (MoeTileGemm::runs_bf16_dot)
+  bool gemm_broadcast_form = false;  // the weights-broadcast form gives its bits (MoeTileGemm::has_broadcast_form)
 };
 
 struct MoeGradRegion {
@@ -169,19 +169,26 @@ MoeGradTiles ChooseMoeGradTiles(const MoeGradShape& shape, bool gemm_any_stride)
 // S1 and S4 (704 KiB blocks) equal to oneDNN's, left on it (docs/benchmarks.md).
 bool MoeGradStreamsWeights(const MoeGradShape& shape, const MoeGradTiles& tiles);
 
-// The most rows of an expert that run in the weights-broadcast form (moe_grad_bf16dot.h: its gradY
-// rows packed once into token panels in the thread's A tile, each weight block read in place, C
-// transposed in the ring's second slot, then added into gradX as the first slot's tile is), 0
-// where no expert does. Taken with bfloat16 on the dot-product kernel (the same bits as its
-// packed-weights form, so experts may differ in form), one k-block, [K, N] weights (a block's
-// rows are its reduction), N even and base_n a multiple of 16; up to base_m rows whose panels
-// take at most kMoeGradBroadcastTokensBytes, which stay in L2 while every weight block of the
-// expert runs over them. Packing each weight block cost the packed form 9% of fused S3's samples
-// (137 rows an expert); the broadcast form packs an expert's 548 KiB of gradY once instead of
-// 112 blocks of 256 KiB. One-process harness, Zen 5, 2 threads, the same bits: S3 bfloat16
-// 1.02-1.05x, S2 1.00x (docs/benchmarks.md, session 45).
+// The most rows of an expert that run in the weights-broadcast form (its gradY rows packed once
+// into token panels in the thread's A tile, each weight block read in place, C transposed in the
+// ring's second slot, then added into gradX as the first slot's tile is: moe_grad_bf16dot.h for
+// bfloat16, moe_grad_f32bcast.h for float32), 0 where no expert does. Taken where that form gives
+// the GEMM's bits (gemm_broadcast_form: so experts may differ in form and the result stays the
+// same whatever the thread count), with one k-block, [K, N] weights (a block's rows are its
+// reduction), base_n a multiple of 16, and float32 or bfloat16 inputs; bfloat16 with N even, up to
+// base_m rows whose panels take at most kMoeGradBroadcastTokensBytes (they stay in L2 while every
+// weight block of the expert runs over them); float32 up to base_m rows (its kernel cuts the
+// reduction into chunks whose panels stay in L2). Packing each weight block cost the packed
+// form 9% of fused S3 bfloat16's samples and 18% of float32's (137 rows an expert); the broadcast
+// form packs an expert's gradY once for its 56 blocks a thread instead. One-process harness, Zen
+// 5, 2 threads, the same bits: S3 bfloat16 1.01-1.07x, S2 1.00x (docs/benchmarks.md, session 45).
 inline constexpr uint64_t kMoeGradBroadcastTokensBytes = 640u << 10;
-int64_t MoeGradBroadcastRows(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_bf16_dot);
+int64_t MoeGradBroadcastRows(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_broadcast_form);
+
+// Whether the fused op's float32 tiles ask for the GEMM whose sums the float32 weights-broadcast
+// form repeats (MoeTileGemmShape::f32_broadcast): float32 inputs with experts averaging at most
+// base_m rows, where MoeGradBroadcastRows would take the form on either GEMM's tiles.
+bool MoeGradAsksF32Broadcast(const MoeGradShape& shape);
 
 // Whether each k-block of a weight block is copied into the thread's B tile first. On a GEMM
 // that takes the shape's strides only (oneDNN): float16 weights are converted to float32 (the

@@ -217,32 +217,39 @@ TEST(moe_grad_api, BitIdenticalAcrossRunsAndThreadCounts) {
 // that run an expert's rows as one range (1, and those dividing the column blocks) take the
 // broadcast form for the few-row experts, the others run them chunk by chunk in the packed form;
 // expert 0, past broadcast_max_rows, takes the packed form on every count. bfloat16 on the
-// dot-product kernel only (elsewhere no expert takes the broadcast form: the plan says 0).
+// dot-product kernel, float32 on the micro-kernel's AVX-512 chains (elsewhere no expert takes
+// the broadcast form: the plan says 0).
 TEST(moe_grad_api, BroadcastAndPackedWeightFormsGiveTheSameBits) {
   MoeCase c{"few_rows_per_expert", 700, 4, 40, 600, 202, 0.95};
   c.skew = 0.3;  // expert 0 past broadcast_max_rows, the rest about 45 rows each
-  const MoeInputs in = MakeMoeInputs(c, DType::kBF16, MoeValues::kRandom);
-  MoeGradShape shape{};
-  shape.m = in.routing.m, shape.n = c.n, shape.k = c.k, shape.g = c.g, shape.batch = c.batch;
-  shape.top_k = c.top_k, shape.dtype = DType::kBF16;
-  const MoeGradPlan plan = MakeMoeGradPlan(shape, DetectMoeGradMachine(shape));
-  if (plan.broadcast_max_rows == 0) GTEST_SKIP() << "no expert takes the broadcast form here (" << plan.gemm_backend << ")";
-  ASSERT_GT(in.routing.group_counts[0], plan.broadcast_max_rows);
-  ASSERT_LE(*std::max_element(in.routing.group_counts.begin() + 1, in.routing.group_counts.end()),
-            plan.broadcast_max_rows);
-  ASSERT_GT(plan.token_chunks, 1);
-  bool chunk_by_chunk = false;
-  for (int64_t threads : {2, 3, 4}) chunk_by_chunk = chunk_by_chunk || plan.col_blocks % threads != 0;
-  ASSERT_TRUE(chunk_by_chunk) << plan.col_blocks << " column blocks";
-  MoeRunOptions o{0, GK_GROUP_LIST_COUNT};
-  o.threads = 1;
-  const auto reference = RunMoeGrad(in, o);
-  EXPECT_TRUE(MatchesReference(in, reference, false));
-  for (int32_t threads : {2, 3, 4}) {
-    o.threads = threads;
-    const auto dx = RunMoeGrad(in, o);
-    EXPECT_EQ(std::memcmp(reference.data(), dx.data(), dx.size() * 4), 0) << threads << " threads";
+  int tested = 0;
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const MoeInputs in = MakeMoeInputs(c, dtype, MoeValues::kRandom);
+    MoeGradShape shape{};
+    shape.m = in.routing.m, shape.n = c.n, shape.k = c.k, shape.g = c.g, shape.batch = c.batch;
+    shape.top_k = c.top_k, shape.dtype = dtype;
+    const MoeGradPlan plan = MakeMoeGradPlan(shape, DetectMoeGradMachine(shape));
+    if (plan.broadcast_max_rows == 0) continue;
+    ++tested;
+    ASSERT_GT(in.routing.group_counts[0], plan.broadcast_max_rows);
+    ASSERT_LE(*std::max_element(in.routing.group_counts.begin() + 1, in.routing.group_counts.end()),
+              plan.broadcast_max_rows);
+    ASSERT_GT(plan.token_chunks, 1);
+    bool chunk_by_chunk = false;
+    for (int64_t threads : {2, 3, 4}) chunk_by_chunk = chunk_by_chunk || plan.col_blocks % threads != 0;
+    ASSERT_TRUE(chunk_by_chunk) << plan.col_blocks << " column blocks";
+    MoeRunOptions o{0, GK_GROUP_LIST_COUNT};
+    o.threads = 1;
+    const auto reference = RunMoeGrad(in, o);
+    EXPECT_TRUE(MatchesReference(in, reference, false));
+    for (int32_t threads : {2, 3, 4}) {
+      o.threads = threads;
+      const auto dx = RunMoeGrad(in, o);
+      EXPECT_EQ(std::memcmp(reference.data(), dx.data(), dx.size() * 4), 0) << threads << " threads";
+    }
   }
+  if (tested == 0) GTEST_SKIP() << "no expert takes the broadcast form on this machine's GEMM";
 }
 
 // int32 index lists (what int32 routing code hands over) give the bytes of int64 ones.

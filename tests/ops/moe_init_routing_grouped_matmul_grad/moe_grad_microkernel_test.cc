@@ -4,7 +4,7 @@
 // its transpose's rows gives the same panels, with zeros past the width. Sizes from the kernel's
 // own blocks: rows around the target's row block MoeMicroRowBlock() (every tail split), widths
 // around the panel width, and reductions around kMoeMicroReduceBlock. And the choice of GEMM
-// (GRADKIT_GEMM).
+// (GRADKIT_GEMM). The float32 weights-broadcast form gives the micro-kernel's chains.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +21,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_f32bcast.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_plan.h"
@@ -305,6 +306,47 @@ TEST_P(MoeMicroKernelTest, PackedFromRowsOrTransposeIsTheSamePanels) {
   }
 }
 
+// The float32 weights-broadcast form (cpu/moe_grad_f32bcast.h) gives the micro-kernel's chains
+// bit for bit, where it runs (the AVX-512 target). Sizes from its blocks: rows around the
+// 16-token vector and the 48-token group (every last group of one, two or three vectors), up to
+// 256 (the fused op's tile); widths around the 8-row weight block and the 16-column transposes;
+// reductions around the packer's 16 and long enough to run in several chunks (at 256 rows a chunk
+// holds kMoeF32BroadcastChunkBytes / 1 KiB = 640 elements); the next block named or not. Nothing
+// of C's row stride past the width is written.
+TEST_P(MoeMicroKernelTest, F32BroadcastFormGivesTheMicroKernelsChains) {
+  if (!MoeF32BroadcastAvailable()) GTEST_SKIP() << "the float32 broadcast form runs on AVX3 only";
+  const int64_t wr = kMoeF32BroadcastWeightRows, tg = kMoeF32BroadcastTokenGroup;
+  const int64_t chunk_at_256 = static_cast<int64_t>(kMoeF32BroadcastChunkBytes) / (4 * 256);
+  for (int64_t rows : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, tg - 1, tg, tg + 1, tg + 16,
+                       2 * tg + 1, int64_t{137}, int64_t{256}}) {
+    for (int64_t width : {int64_t{1}, wr - 1, wr, wr + 1, 2 * wr + 1, int64_t{64}, int64_t{65}}) {
+      for (int64_t reduce : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{256}, 3 * chunk_at_256 + 17}) {
+        if (reduce > 256 && rows * width > 137 * 64) continue;  // the long reduction: fewer shapes
+        SCOPED_TRACE(::testing::Message() << "rows " << rows << " width " << width << " reduce " << reduce);
+        const Operands op(DType::kF32, rows, width, reduce, static_cast<uint32_t>(rows * 17 + width * 5 + reduce));
+        const auto* a = reinterpret_cast<const float*>(op.a.data());
+        const auto* b = reinterpret_cast<const float*>(op.b.data());
+        const int64_t ldc = width + 3;
+        std::vector<float> want(static_cast<size_t>(rows * ldc), -7.0f), got = want;
+        const std::vector<float> packed = op.Packed();
+        MoeMicroGemm(DType::kF32, rows, width, reduce, a, op.lda, packed.data(), want.data(), ldc, false, nullptr);
+        std::vector<float> tokens(MoeF32TokensBytes(rows, reduce) / 4, -9.0f);
+        MoeF32PackTokens(rows, reduce, a, op.lda, tokens.data());
+        std::vector<float> scratch(MoeF32BroadcastScratchBytes(rows, width) / 4);
+        const std::vector<uint16_t> next = Values(wr * op.ldb, DType::kF32, 5);
+        MoeF32GemmBroadcastB(rows, width, reduce, tokens.data(), b, op.ldb, got.data(), ldc, scratch.data(),
+                             rows % 2 == 0 ? reinterpret_cast<const float*>(next.data()) : nullptr, wr);
+        ASSERT_EQ(got, want);
+        for (int64_t n = 0; n < width; ++n) {
+          float sum = 0.0f;
+          for (int64_t k = 0; k < reduce; ++k) sum = std::fma(op.A(0, k), op.B(k, n), sum);
+          ASSERT_EQ(got[static_cast<size_t>(n)], sum) << "column " << n;
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTargets, MoeMicroKernelTest, ::testing::ValuesIn(AvailableIsas()),
                          [](const auto& info) { return info.param; });
 
@@ -319,10 +361,11 @@ MoeGradShape SmallShape(DType dtype) {
 }
 
 // auto: oneDNN exactly where it has brgemm kernels for the dtype (decided from the CPU here) and
-// neither the fused op's float32 tiles nor its streamed bfloat16 ones (MoeGradStreamsWeights)
-// are faster on gradkit's kernels on this CPU, else gradkit's, whose rows need no padding. A
-// shape of short experts (streamed in bfloat16) and one of long experts in wide weight blocks
-// (S1's: not).
+// neither the fused op's float32 tiles (on Zen 4; on Zen 5 where they take the weights-broadcast
+// form, MoeGradAsksF32Broadcast) nor its streamed bfloat16 ones (MoeGradStreamsWeights) are
+// faster on gradkit's kernels on this CPU, else gradkit's, whose rows need no padding. A shape of
+// short experts (streamed in bfloat16, broadcast in float32) and one of long experts in wide
+// weight blocks (S1's: neither).
 TEST(moe_grad_gemm, AutoTakesOneDnnWhereItHasBrgemm) {
   const EnvScope scope("GRADKIT_GEMM", "auto");
   MoeGradShape long_experts = SmallShape(DType::kF32);
@@ -336,8 +379,11 @@ TEST(moe_grad_gemm, AutoTakesOneDnnWhereItHasBrgemm) {
       const CpuIdentity cpu = DetectCpuIdentity();
       const bool streamed = MoeGradStreamsWeights(shape, ChooseMoeGradTiles(shape, false));
       EXPECT_EQ(streamed, dtype == DType::kBF16 && shape.m == 128) << DTypeName(dtype);
+      const bool f32_broadcast = MoeGradAsksF32Broadcast(shape);
+      EXPECT_EQ(f32_broadcast, dtype == DType::kF32 && shape.m == 128) << DTypeName(dtype);
       const bool own_faster = (dtype == DType::kF32 && MoeOwnF32TilesOutrunBrgemm(cpu)) ||
-                              (streamed && MoeOwnStreamedBf16OnDot(cpu));
+                              (streamed && MoeOwnStreamedBf16OnDot(cpu)) ||
+                              (f32_broadcast && MoeF32BroadcastOutrunsBrgemm(cpu) && MoeF32BroadcastAvailable());
       const bool onednn = MoeGemmHasOneDnn() && gk::testing::CpuHasBrgemmFor(dtype) && !own_faster;
       EXPECT_EQ(m.gemm_backend, onednn ? "onednn" : "gradkit") << DTypeName(dtype);
       // oneDNN: any row count too, run as a whole granule's call and a short one (tail_calls),
@@ -528,6 +574,15 @@ TEST(moe_grad_gemm, OwnStreamedTilesOnZen5Only) {
   EXPECT_EQ(MoeOwnStreamedBf16OnDot({"AuthenticAMD", 0x1A, 0x02}), MoeBf16DotAvailable());
   EXPECT_FALSE(MoeOwnStreamedBf16OnDot({"AuthenticAMD", 0x19, 0x11}));
   EXPECT_FALSE(MoeOwnStreamedBf16OnDot({"GenuineIntel", 0x6, 0x8F}));
+}
+
+// The CPUs whose fused float32 tiles take the weights-broadcast form (and the micro-kernel for the
+// rest): Zen 5, where it was measured; not Zen 4, not Intel, not an unknown CPU.
+TEST(moe_grad_gemm, F32BroadcastOnZen5Only) {
+  EXPECT_TRUE(MoeF32BroadcastOutrunsBrgemm({"AuthenticAMD", 0x1A, 0x02}));
+  EXPECT_FALSE(MoeF32BroadcastOutrunsBrgemm({"AuthenticAMD", 0x19, 0x11}));
+  EXPECT_FALSE(MoeF32BroadcastOutrunsBrgemm({"GenuineIntel", 0x6, 0x8F}));
+  EXPECT_FALSE(MoeF32BroadcastOutrunsBrgemm({"", 0, 0}));
 }
 
 // The CPUs whose float32 forward reads [K, N] weights in place: AMD families 0x19 (Zen 4) and

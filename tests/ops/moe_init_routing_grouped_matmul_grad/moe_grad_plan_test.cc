@@ -235,10 +235,12 @@ TEST(moe_grad_plan, WorkspaceDoesNotGrowWithM) {
   }
 }
 
-// The weights-broadcast form's rows (MoeGradBroadcastRows): bfloat16 on the dot-product kernel
-// with one k-block, [K, N] weights, N even and 16-column blocks, up to base_m rows whose token
-// panels (rows rounded down to 16, N bfloat16 each) fit kMoeGradBroadcastTokensBytes; 0 otherwise. S3's
-// 4 KiB rows: 160; S2's 1.5 KiB rows: base_m (256). The plan carries it (0 without the kernel).
+// The weights-broadcast form's rows (MoeGradBroadcastRows): where the GEMM has the form, with one
+// k-block, [K, N] weights and 16-column blocks; bfloat16 (N even) up to base_m rows whose token
+// panels (rows rounded down to 16, N bfloat16 each) fit kMoeGradBroadcastTokensBytes, float32 up
+// to base_m (its kernel chunks the reduction), float16 never; 0 otherwise. S3's 4 KiB rows: 160;
+// S2's 1.5 KiB rows: base_m (256). The plan carries it (0 without the form). The fused op asks for
+// the float32 form's GEMM where its experts average at most that many rows (S2, S3; not S1).
 TEST(moe_grad_plan, BroadcastRowsFromTheTokenPanelBudget) {
   const auto rows = [](const MoeGradShape& s, bool dot = true) {
     return MoeGradBroadcastRows(s, ChooseMoeGradTiles(s, /*gemm_any_stride=*/true), dot);
@@ -253,7 +255,10 @@ TEST(moe_grad_plan, BroadcastRowsFromTheTokenPanelBudget) {
   f32.dtype = DType::kF32;
   nk.weight_nk = true;
   odd.n = 2047;
-  EXPECT_EQ(rows(f32), 0);
+  EXPECT_EQ(rows(f32), ChooseMoeGradTiles(f32, true).base_m);
+  MoeGradShape f16 = s3;
+  f16.dtype = DType::kF16;
+  EXPECT_EQ(rows(f16), 0);
   EXPECT_EQ(rows(nk), 0);
   EXPECT_EQ(rows(odd), 0);
   ASSERT_GT(ChooseMoeGradTiles(long_n, true).k_blocks, 1);
@@ -264,9 +269,17 @@ TEST(moe_grad_plan, BroadcastRowsFromTheTokenPanelBudget) {
   EXPECT_EQ(rows(wider), 144);
   MoeGradMachine dot = Machine(2), plain = Machine(2);
   dot.gemm_any_stride = plain.gemm_any_stride = true;
-  dot.gemm_bf16_dot = true;
+  dot.gemm_broadcast_form = true;
   EXPECT_EQ(MakeMoeGradPlan(s3, dot).broadcast_max_rows, 160);
   EXPECT_EQ(MakeMoeGradPlan(s3, plain).broadcast_max_rows, 0);
+  MoeGradShape s1 = Shape(4096, 2, 8, 2048, 1408), s2_f32 = s2, s3_f32 = s3;
+  s2_f32.dtype = s3_f32.dtype = DType::kF32;
+  EXPECT_TRUE(MoeGradAsksF32Broadcast(s3_f32));
+  EXPECT_TRUE(MoeGradAsksF32Broadcast(s2_f32));
+  EXPECT_FALSE(MoeGradAsksF32Broadcast(s1));  // 1024 rows an expert
+  EXPECT_FALSE(MoeGradAsksF32Broadcast(s3));  // bfloat16
+  EXPECT_EQ(MoeGradTileGemmShape(s3_f32, false).f32_broadcast, true);
+  EXPECT_EQ(MoeGradTileGemmShape(s1, false).f32_broadcast, false);
 }
 
 // Weights stream (the next block fetched during the GEMMs) for bfloat16 with one k-block where the

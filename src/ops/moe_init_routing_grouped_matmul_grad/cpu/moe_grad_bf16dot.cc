@@ -17,6 +17,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #include <immintrin.h>
+
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_avx512_transpose.h"
 #define GK_BF16DOT 1
 #define GK_BF16DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #endif
@@ -415,33 +417,6 @@ GK_BF16DOT_TARGET void DotGemmRows(int64_t rows, int64_t width, int64_t reduce, 
 
 // ---- The weights-broadcast form (MoeBf16DotGemmBroadcastB) ----
 
-// A 16 x 16 matrix of 32-bit words transposed in registers: row i in, column i out.
-GK_BF16DOT_TARGET __attribute__((always_inline)) inline void TransposeWords16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);
-    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD);
-    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
-    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD);
-  }
-}
-
 // A's rows into token panels (see MoeBf16DotPackTokens): 16 rows x 16 pairs at a time through a
 // register transpose, the pairs past the last multiple of 16 word by word.
 GK_BF16DOT_TARGET void PackTokenPanels(int64_t rows, int64_t pairs, const uint16_t* a, int64_t lda,
@@ -458,7 +433,7 @@ GK_BF16DOT_TARGET void PackTokenPanels(int64_t rows, int64_t pairs, const uint16
       for (int i = 0; i < 16; ++i) {
         r[i] = i < valid ? _mm512_loadu_si512(a + (t0 + i) * lda + 2 * p0) : _mm512_setzero_si512();
       }
-      TransposeWords16(r);
+      MoeTransposeWords16(r);
       for (int j = 0; j < 16; ++j) _mm512_storeu_si512(out + (p0 + j) * group_width, r[j]);
     }
     for (; p0 < pairs; ++p0) {
@@ -558,7 +533,7 @@ GK_BF16DOT_TARGET void GemmBroadcastB(int64_t rows, int64_t width, int64_t pairs
       for (int i = 0; i < 16; ++i) {
         r[i] = c0 + i < ct_rows ? _mm512_loadu_si512(ct + (c0 + i) * tokens + t0) : _mm512_setzero_si512();
       }
-      TransposeWords16(r);
+      MoeTransposeWords16(r);
       const __mmask16 cols = static_cast<__mmask16>(width - c0 >= 16 ? 0xFFFF : (1u << (width - c0)) - 1);
       for (int64_t j = 0; j < out_rows; ++j) {
         _mm512_mask_storeu_ps(c + (t0 + j) * ldc + c0, cols, _mm512_castsi512_ps(r[j]));

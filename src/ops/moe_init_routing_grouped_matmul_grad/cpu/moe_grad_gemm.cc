@@ -20,6 +20,7 @@
 #include "core/plan_math.h"
 #include "core/thread_pool.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_f32bcast.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_kernels.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_microkernel.h"
 
@@ -95,7 +96,9 @@ class MicroTileGemm final : public MoeTileGemm {
   bool prepares_b_from_kn() const override { return shape_.prepared_b && shape_.ldb_kn > 0; }
   bool takes_any_stride() const override { return true; }
   bool rows_independent(int64_t) const override { return true; }  // one chain per element
-  bool runs_bf16_dot() const override { return dot_; }
+  bool has_broadcast_form() const override {
+    return dot_ || (shape_.gemm_dtype == DType::kF32 && MoeF32BroadcastAvailable());
+  }
 
   // Whether float32 B^T rows of this width may be read in place (MoeMicroGemmKN) rather than
   // packed: streamed blocks (fetched into L2 while the calls before them run, so a block's rows
@@ -965,6 +968,10 @@ bool MoeOwnStreamedBf16OnDot(const CpuIdentity& cpu) {
   return MoeOwnStreamedOutrunsBrgemm(cpu) && MoeBf16DotAvailable();
 }
 
+bool MoeF32BroadcastOutrunsBrgemm(const CpuIdentity& cpu) {
+  return cpu.vendor == "AuthenticAMD" && cpu.family == 0x1A;
+}
+
 bool MoeF32InPlaceKNOutrunsPackedBrgemm(const CpuIdentity& cpu) {
   return IsAmdFamily19(cpu) || (cpu.vendor == "AuthenticAMD" && cpu.family == 0x1A);
 }
@@ -976,7 +983,9 @@ std::unique_ptr<MoeTileGemm> MoeTileGemm::Create(const MoeTileGemmShape& shape) 
   const bool own_faster =
       (shape.gemm_dtype == DType::kF32 && shape.own_f32_where_faster && MoeOwnF32TilesOutrunBrgemm(cpu)) ||
       (shape.gemm_dtype == DType::kF32 && shape.streamed_b && MoeOwnStreamedOutrunsBrgemm(cpu)) ||
-      (shape.AsksBf16Dot() && MoeOwnStreamedBf16OnDot(cpu));
+      (shape.AsksBf16Dot() && MoeOwnStreamedBf16OnDot(cpu)) ||
+      (shape.gemm_dtype == DType::kF32 && shape.f32_broadcast && MoeF32BroadcastOutrunsBrgemm(cpu) &&
+       MoeF32BroadcastAvailable());
   if (choice == MoeTileGemmChoice::kOneDnn ||
       (choice == MoeTileGemmChoice::kAuto && !own_faster && OneDnnRunsBrgemm(shape))) {
     try {

@@ -80,6 +80,11 @@ struct MoeTileGemmShape {
   // on CPUs of MoeOwnStreamedBf16OnDot. oneDNN 2.6's brgemm, adding by a sum post-op, ran each
   // such call 16-35% slower than a call that only writes C (Zen 5, docs/benchmarks.md, session 41).
   bool bf16_dot_where_faster = false;
+  // The caller runs most of its float32 tiles in the weights-broadcast form, whose sums are the
+  // micro-kernel's (the fused op where its experts average at most base_m rows): auto then takes
+  // the micro-kernel on CPUs of MoeF32BroadcastOutrunsBrgemm, where that form runs
+  // (MoeF32BroadcastAvailable), so that the tiles of either form give the same bits.
+  bool f32_broadcast = false;
 
   // Whether the caller asks for the bfloat16 dot-product kernel (streamed_b or
   // bf16_dot_where_faster in bfloat16): the own kernel runs on it where the CPU has it, and auto
@@ -110,6 +115,12 @@ bool MoeOwnStreamedOutrunsBrgemm(const CpuIdentity& cpu);
 // `gradkit bench`, two rounds in turn, plain GFLOP/s: S1 677, 659 / 685, 675; S2 636, 607 / 642,
 // 634; S3 585, 580 / 595, 574; S4 676, 693 / 687, 702 (docs/benchmarks.md).
 bool MoeOwnStreamedBf16OnDot(const CpuIdentity& cpu);
+
+// CPUs where the fused op's float32 tiles run faster in the weights-broadcast form, the rest on
+// the micro-kernel, than packed on oneDNN 2.6's brgemm: AMD family 0x1A (Zen 5). S3 float32
+// (137 rows an expert), one-process harness, 2 threads: see docs/benchmarks.md, session 45. Not
+// measured elsewhere: other CPUs keep brgemm (and the packed form).
+bool MoeF32BroadcastOutrunsBrgemm(const CpuIdentity& cpu);
 
 // CPUs where oneDNN 2.6 runs GroupedMatmul's float32 forward tiles faster reading [K, N] weight
 // rows in place (gemm:jit, which packs them inside its loops, as it computes) than on brgemm
@@ -159,9 +170,10 @@ class MoeTileGemm {
   virtual bool takes_any_stride() const { return false; }
   // Whether the shape's b_in_place was taken: PrepareBFromKN hands B^T's rows back unpacked.
   virtual bool reads_b_in_place() const { return false; }
-  // Whether its bfloat16 calls run on the dot-product kernel (moe_grad_bf16dot.h), whose
-  // weights-broadcast form gives the same bits (the fused op's experts of few rows take it).
-  virtual bool runs_bf16_dot() const { return false; }
+  // Whether the weights-broadcast form of its dtype gives its bits, so that the fused op may run
+  // experts of few rows in that form (MoeGradBroadcastRows): bfloat16 on the dot-product kernel
+  // (moe_grad_bf16dot.h), float32 on the micro-kernel's AVX-512 chains (moe_grad_f32bcast.h).
+  virtual bool has_broadcast_form() const { return false; }
   // Whether calls of this width give a row of C the same bits whatever the call's row count and
   // its other rows (every reduction step, accumulating or not), so that a caller may group rows
   // into calls differently (the fused op's whole blocks, which depend on the thread count): the
