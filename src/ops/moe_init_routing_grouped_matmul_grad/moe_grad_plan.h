@@ -181,7 +181,8 @@ bool MoeGradStreamsWeights(const MoeGradShape& shape, const MoeGradTiles& tiles)
 // reduction into chunks whose panels stay in L2). Packing each weight block cost the packed
 // form 9% of fused S3 bfloat16's samples and 18% of float32's (137 rows an expert); the broadcast
 // form packs an expert's gradY once for its 56 blocks a thread instead. One-process harness, Zen
-// 5, 2 threads, the same bits: S3 bfloat16 1.01-1.07x, S2 1.00x (docs/benchmarks.md, session 45).
+// 5, 2 threads, the same bits: S3 bfloat16 1.01-1.07x, float32 1.07-1.10x, S2 1.00x in both
+// (docs/benchmarks.md, session 45).
 inline constexpr uint64_t kMoeGradBroadcastTokensBytes = 640u << 10;
 int64_t MoeGradBroadcastRows(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_broadcast_form);
 

@@ -117,9 +117,10 @@ bool MoeOwnStreamedOutrunsBrgemm(const CpuIdentity& cpu);
 bool MoeOwnStreamedBf16OnDot(const CpuIdentity& cpu);
 
 // CPUs where the fused op's float32 tiles run faster in the weights-broadcast form, the rest on
-// the micro-kernel, than packed on oneDNN 2.6's brgemm: AMD family 0x1A (Zen 5). S3 float32
-// (137 rows an expert), one-process harness, 2 threads: see docs/benchmarks.md, session 45. Not
-// measured elsewhere: other CPUs keep brgemm (and the packed form).
+// the micro-kernel, than packed on oneDNN 2.6's brgemm: AMD family 0x1A (Zen 5). One-process
+// harness, 2 threads, two runs each, median fraction of dense: S3 float32 (137 rows an expert)
+// 0.85, 0.85 on oneDNN -> 0.93, 0.95; S2 (256) 0.92, 0.90 -> 0.94, 0.90 (docs/benchmarks.md,
+// session 45). Not measured elsewhere: other CPUs keep brgemm (and the packed form).
 bool MoeF32BroadcastOutrunsBrgemm(const CpuIdentity& cpu);
 
 // CPUs where oneDNN 2.6 runs GroupedMatmul's float32 forward tiles faster reading [K, N] weight
