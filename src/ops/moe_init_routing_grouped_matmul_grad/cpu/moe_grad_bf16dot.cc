@@ -18,7 +18,7 @@
 #endif
 #include <immintrin.h>
 
-#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_avx512_transpose.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_broadcast_avx512.h"
 #define GK_BF16DOT 1
 #define GK_BF16DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #endif
@@ -43,6 +43,9 @@ constexpr int64_t kTokenGroup = kMoeBf16DotTokenGroup;
 constexpr int kWeightRows = static_cast<int>(kMoeBf16DotWeightRows);
 
 #if defined(GK_BF16DOT)
+// The panels' layout is the shared packer's (moe_grad_broadcast_avx512.h).
+static_assert(kTokenVector == kMoeBroadcastTokenVector && kTokenGroup == kMoeBroadcastTokenGroup);
+
 // The lanes of 32 columns' pairs, first (second) 16 columns: elements j of row 2p and row 2p + 1
 // side by side, picked from the 64 lanes of the two rows (row 2p's first).
 GK_BF16DOT_TARGET inline __m512i PairIndex(int half) {
@@ -417,35 +420,6 @@ GK_BF16DOT_TARGET void DotGemmRows(int64_t rows, int64_t width, int64_t reduce, 
 
 // ---- The weights-broadcast form (MoeBf16DotGemmBroadcastB) ----
 
-// A's rows into token panels (see MoeBf16DotPackTokens): 16 rows x 16 pairs at a time through a
-// register transpose, the pairs past the last multiple of 16 word by word.
-GK_BF16DOT_TARGET void PackTokenPanels(int64_t rows, int64_t pairs, const uint16_t* a, int64_t lda,
-                                       uint32_t* dst) {
-  const int64_t tokens = RoundUp(rows, kTokenVector);
-  for (int64_t t0 = 0; t0 < tokens; t0 += kTokenVector) {
-    const int64_t g0 = t0 / kTokenGroup * kTokenGroup;
-    const int64_t group_width = std::min(kTokenGroup, tokens - g0);
-    uint32_t* out = dst + g0 * pairs + (t0 - g0);
-    const int64_t valid = std::min(kTokenVector, rows - t0);
-    int64_t p0 = 0;
-    for (; p0 + 16 <= pairs; p0 += 16) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) {
-        r[i] = i < valid ? _mm512_loadu_si512(a + (t0 + i) * lda + 2 * p0) : _mm512_setzero_si512();
-      }
-      MoeTransposeWords16(r);
-      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(out + (p0 + j) * group_width, r[j]);
-    }
-    for (; p0 < pairs; ++p0) {
-      for (int64_t i = 0; i < kTokenVector; ++i) {
-        uint32_t word = 0;
-        if (i < valid) std::memcpy(&word, a + (t0 + i) * lda + 2 * p0, 4);
-        out[p0 * group_width + i] = word;
-      }
-    }
-  }
-}
-
 // One register block: kWeightRows weight rows x NV token vectors of float32 accumulators over
 // every pair, each step NV panel vectors times each row's pair broadcast (the weights' own 32-bit
 // words). Stored to ct (rows ldct apart, a row's tokens contiguous). A line of `next` asked for
@@ -524,22 +498,7 @@ GK_BF16DOT_TARGET void GemmBroadcastB(int64_t rows, int64_t width, int64_t pairs
       }
     }
   }
-  // ct [weight rows, tokens] -> C [rows, width], 16 x 16 at a time, the last columns masked.
-  const int64_t ct_rows = RoundUp(width, int64_t{kWeightRows});
-  for (int64_t t0 = 0; t0 < rows; t0 += kTokenVector) {
-    const int64_t out_rows = std::min(kTokenVector, rows - t0);
-    for (int64_t c0 = 0; c0 < width; c0 += 16) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) {
-        r[i] = c0 + i < ct_rows ? _mm512_loadu_si512(ct + (c0 + i) * tokens + t0) : _mm512_setzero_si512();
-      }
-      MoeTransposeWords16(r);
-      const __mmask16 cols = static_cast<__mmask16>(width - c0 >= 16 ? 0xFFFF : (1u << (width - c0)) - 1);
-      for (int64_t j = 0; j < out_rows; ++j) {
-        _mm512_mask_storeu_ps(c + (t0 + j) * ldc + c0, cols, _mm512_castsi512_ps(r[j]));
-      }
-    }
-  }
+  MoeStoreTransposedTile(rows, width, ct, RoundUp(width, int64_t{kWeightRows}), tokens, c, ldc);
 }
 #endif  // GK_BF16DOT
 
@@ -629,7 +588,7 @@ uint64_t MoeBf16DotBroadcastScratchBytes(int64_t rows, int64_t width) {
 void MoeBf16DotPackTokens(int64_t rows, int64_t reduce, const void* a, int64_t lda, void* dst) {
   if (reduce % 2 != 0) throw std::logic_error("MoeBf16DotPackTokens: the reduction must be even");
 #if defined(GK_BF16DOT)
-  PackTokenPanels(rows, reduce / 2, static_cast<const uint16_t*>(a), lda, static_cast<uint32_t*>(dst));
+  MoePackTokenWords(rows, reduce / 2, static_cast<const char*>(a), 2 * lda, static_cast<uint32_t*>(dst));
 #else
   (void)rows, (void)a, (void)lda, (void)dst;
   throw std::logic_error("bfloat16 dot-product kernel: not built for this CPU");

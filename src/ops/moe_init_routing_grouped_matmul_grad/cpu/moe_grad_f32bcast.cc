@@ -18,7 +18,7 @@
 #endif
 #include <immintrin.h>
 
-#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_avx512_transpose.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_broadcast_avx512.h"
 #define GK_F32BCAST 1
 #define GK_F32BCAST_TARGET __attribute__((target("avx512f")))
 #endif
@@ -31,28 +31,8 @@ constexpr int64_t kTokenGroup = kMoeF32BroadcastTokenGroup;
 constexpr int kWeightRows = static_cast<int>(kMoeF32BroadcastWeightRows);
 
 #if defined(GK_F32BCAST)
-GK_F32BCAST_TARGET void PackTokenPanels(int64_t rows, int64_t reduce, const float* a, int64_t lda,
-                                        float* dst) {
-  const int64_t tokens = RoundUp(rows, kTokenVector);
-  for (int64_t t0 = 0; t0 < tokens; t0 += kTokenVector) {
-    const int64_t g0 = t0 / kTokenGroup * kTokenGroup;
-    const int64_t group_width = std::min(kTokenGroup, tokens - g0);
-    float* out = dst + g0 * reduce + (t0 - g0);
-    const int64_t valid = std::min(kTokenVector, rows - t0);
-    int64_t k0 = 0;
-    for (; k0 + 16 <= reduce; k0 += 16) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) {
-        r[i] = i < valid ? _mm512_loadu_si512(a + (t0 + i) * lda + k0) : _mm512_setzero_si512();
-      }
-      MoeTransposeWords16(r);
-      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(out + (k0 + j) * group_width, r[j]);
-    }
-    for (; k0 < reduce; ++k0) {
-      for (int64_t i = 0; i < kTokenVector; ++i) out[k0 * group_width + i] = i < valid ? a[(t0 + i) * lda + k0] : 0.0f;
-    }
-  }
-}
+// The panels' layout is the shared packer's (moe_grad_broadcast_avx512.h).
+static_assert(kTokenVector == kMoeBroadcastTokenVector && kTokenGroup == kMoeBroadcastTokenGroup);
 
 // One register block over reduction elements [k0, k1): kWeightRows weight rows x NV token
 // vectors, started from 0 or (`carry`) from ct, stored back to ct (rows ldct apart). A line of
@@ -140,22 +120,7 @@ GK_F32BCAST_TARGET void GemmBroadcastB(int64_t rows, int64_t width, int64_t redu
       }
     }
   }
-  // ct [weight rows, tokens] -> C [rows, width], 16 x 16 at a time, the last columns masked.
-  const int64_t ct_rows = RoundUp(width, int64_t{kWeightRows});
-  for (int64_t t0 = 0; t0 < rows; t0 += kTokenVector) {
-    const int64_t out_rows = std::min(kTokenVector, rows - t0);
-    for (int64_t c0 = 0; c0 < width; c0 += 16) {
-      __m512i r[16];
-      for (int i = 0; i < 16; ++i) {
-        r[i] = c0 + i < ct_rows ? _mm512_loadu_si512(ct + (c0 + i) * tokens + t0) : _mm512_setzero_si512();
-      }
-      MoeTransposeWords16(r);
-      const __mmask16 cols = static_cast<__mmask16>(width - c0 >= 16 ? 0xFFFF : (1u << (width - c0)) - 1);
-      for (int64_t j = 0; j < out_rows; ++j) {
-        _mm512_mask_storeu_ps(c + (t0 + j) * ldc + c0, cols, _mm512_castsi512_ps(r[j]));
-      }
-    }
-  }
+  MoeStoreTransposedTile(rows, width, ct, RoundUp(width, int64_t{kWeightRows}), tokens, c, ldc);
 }
 #endif  // GK_F32BCAST
 
@@ -179,7 +144,7 @@ uint64_t MoeF32BroadcastScratchBytes(int64_t rows, int64_t width) {
 
 void MoeF32PackTokens(int64_t rows, int64_t reduce, const float* a, int64_t lda, float* dst) {
 #if defined(GK_F32BCAST)
-  PackTokenPanels(rows, reduce, a, lda, dst);
+  MoePackTokenWords(rows, reduce, reinterpret_cast<const char*>(a), 4 * lda, reinterpret_cast<uint32_t*>(dst));
 #else
   (void)rows, (void)reduce, (void)a, (void)lda, (void)dst;
   throw std::logic_error("float32 weights-broadcast kernel: not built for this CPU");
