@@ -41,6 +41,13 @@ LoadedPeer Load() {
   peer.why_absent = "libtorch was not found when gradkit was built";
 #else
   const std::string path = ModulePath();
+  // The OpenBLAS behind Debian's libtorch (its pthread build) keeps its workers spinning for 2^28
+  // cycles after each call, on the cores the next candidate of an interleaved benchmark needs:
+  // the fused MoE d_x, timed right after the peer, took 180-200 ms instead of 145 (S2 float32,
+  // 2 threads), one core's worth of CPU burned while the process slept 100 ms after the peer.
+  // 2^4 cycles, then they sleep; read when the library loads, so set before the module (and
+  // OpenBLAS with it) is. A value the user set is kept. bench/torch_moe_bench.py does the same.
+  setenv("OPENBLAS_THREAD_TIMEOUT", "4", /*overwrite=*/0);
   // Never closed: the callables it returns run its code until the process ends.
   void* module = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (module == nullptr) {

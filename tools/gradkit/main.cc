@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
   // OpenMP runtimes (libtorch's, oneDNN's) otherwise keep their threads spinning after each
   // parallel region, stealing the cores from whatever is measured next in the same rounds. The
   // runtime reads the policy when it is loaded, before main(): the timing commands restart
-  // themselves once with it set (a caller's own setting is kept).
+  // themselves once with it set (a caller's own setting is kept). The OpenBLAS behind the libtorch
+  // peer is told the same where the peer is loaded (bench/torch_peer_loader.cc).
   bool timing = false;
   for (int i = 1; i < argc; ++i) {
     timing |= std::string_view(argv[i]) == "bench" || std::string_view(argv[i]) == "demo";
