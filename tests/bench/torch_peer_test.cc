@@ -42,7 +42,7 @@ TEST(TorchPeer, LeavesNoThreadSpinningAfterItsCall) {
   const double busy = ProcessCpuSeconds() - before;
   // Spinning OpenBLAS workers burned 100-118 ms of CPU in 100 ms of sleep.
   EXPECT_LT(busy, 0.04) << "the process used " << busy * 1e3
-                        << " ms of CPU while its only thread slept 200 ms after the peer's call";
+                        << " ms of CPU while the test's thread slept 200 ms after the peer's call";
 }
 
 }  // namespace
