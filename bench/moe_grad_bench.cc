@@ -11,6 +11,7 @@
 #include "gradkit/gradkit.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_kernels.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_plan.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_ref.h"
 
 namespace gk::bench {
@@ -140,9 +141,22 @@ MoeGradBenchResult RunMoeGradBenchCase(const MoeGradBenchCase& c, double min_sec
     });
   });
 
-  MoeGradBenchResult r{c, m, "", 0, std::nullopt, std::nullopt, std::nullopt, "", workspace_size,
+  MoeGradBenchResult r{c, m, "", "", 0, std::nullopt, std::nullopt, std::nullopt, "", workspace_size,
                        static_cast<uint64_t>(m) * static_cast<uint64_t>(k) * 4u};
   r.gemm_backend = dense->name();
+  {
+    // The GEMM the executor's plan runs its tiles on (the dense ceiling may run on another).
+    MoeGradShape s{};
+    s.batch = c.batch, s.top_k = c.top_k, s.m = m, s.l = m, s.g = g, s.k = k, s.n = n;
+    s.dtype = c.dtype, s.index_dtype = DType::kI64;
+    s.row_idx_type = RowIdxType::kGather, s.group_list_type = GroupListType::kCount;
+    const MoeGradMachine machine = DetectMoeGradMachine(s);
+    r.tile_gemm = machine.gemm_backend;
+    if (!machine.gemm_impls.empty()) r.tile_gemm += ": " + machine.gemm_impls.front().second;
+    if (const int64_t rows = MakeMoeGradPlan(s, machine).broadcast_max_rows; rows > 0) {
+      r.tile_gemm += fmt::format("; experts of at most {} rows in the weights-broadcast form", rows);
+    }
+  }
   std::vector<uint8_t> torch_dx(static_cast<size_t>(c.batch * k * ElementBytes(c.dtype)));
   if (auto torch_run = MakeTorchMoeGradComposite(dy.data(), w.data(), torch_dx.data(), c.dtype, m,
                                                  n, k, c.batch, routing.group_counts,
@@ -168,11 +182,11 @@ std::string MoeGradBenchJson(const MoeGradBenchResult& r) {
   return fmt::format(
       "{{\"op\": \"moe_init_routing_grouped_matmul_grad\", \"shape\": \"{}\", \"dtype\": \"{}\", "
       "\"threads\": {}, \"batch\": {}, \"topK\": {}, \"G\": {}, \"K\": {}, \"N\": {}, \"M\": {}, "
-      "\"gemm\": \"{}\", \"gflops\": {}, \"dense_gflops\": {}, \"unfused_gflops\": {}, "
+      "\"gemm\": \"{}\", \"tile_gemm\": \"{}\", \"gflops\": {}, \"dense_gflops\": {}, \"unfused_gflops\": {}, "
       "\"torch_gflops\": {}, \"vs_dense\": {}, \"vs_unfused\": {}, \"vs_torch\": {}, "
       "\"workspace_bytes\": {}, \"unfused_bytes\": {}}}",
       r.c.shape, DTypeName(r.c.dtype), r.c.threads, r.c.batch, r.c.top_k, r.c.g, r.c.k, r.c.n, r.m,
-      r.gemm_backend, JsonNumber(r.gflops, 1), JsonNumber(r.dense_gflops, 1),
+      r.gemm_backend, r.tile_gemm, JsonNumber(r.gflops, 1), JsonNumber(r.dense_gflops, 1),
       JsonNumber(r.unfused_gflops, 1), JsonNumber(r.torch_gflops, 1),
       JsonNumber(ratio(r.gflops, r.dense_gflops), 3), JsonNumber(ratio(r.gflops, r.unfused_gflops), 3),
       JsonNumber(ratio(r.gflops, r.torch_gflops), 3), r.workspace_bytes, r.unfused_bytes);

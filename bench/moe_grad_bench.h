@@ -26,7 +26,8 @@ struct MoeGradBenchCase {
 struct MoeGradBenchResult {
   MoeGradBenchCase c;
   int64_t m;
-  std::string gemm_backend;
+  std::string gemm_backend;              // the dense ceiling's library
+  std::string tile_gemm;                 // the fused op's tile GEMM, as its plan names it
   double gflops;                         // fused operator, phase 2
   std::optional<double> dense_gflops;    // one M x N x K GEMM (float32 GEMM for float16 inputs)
   std::optional<double> unfused_gflops;  // grouped GEMM into [M, K] + scatter-add

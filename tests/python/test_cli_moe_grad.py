@@ -174,3 +174,10 @@ def test_bench_json_keys(tmp_path):
         assert key in row
     assert row["shape"] == "S1" and row["threads"] == 2 and row["gflops"] > 0
     assert row["workspace_bytes"] < row["unfused_bytes"]
+    # "gemm" names the dense ceiling's library; "tile_gemm" the GEMM the op's plan runs tiles on.
+    plan = json.loads(run_cli(tmp_path, ["plan", "moe-grad", "--preset", "S1", "--dtype", "bf16"]).stdout)
+    base_impl = plan["gemm_impl"][str(plan["base_n"])]
+    tile_gemm = f'{plan["gemm_backend"]}: {base_impl}'
+    if plan["broadcast_max_rows"] > 0:
+        tile_gemm += f'; experts of at most {plan["broadcast_max_rows"]} rows in the weights-broadcast form'
+    assert row["tile_gemm"] == tile_gemm, (row["tile_gemm"], plan)
