@@ -146,10 +146,7 @@ MoeGradBenchResult RunMoeGradBenchCase(const MoeGradBenchCase& c, double min_sec
   r.gemm_backend = dense->name();
   {
     // The GEMM the executor's plan runs its tiles on (the dense ceiling may run on another).
-    MoeGradShape s{};
-    s.batch = c.batch, s.top_k = c.top_k, s.m = m, s.l = m, s.g = g, s.k = k, s.n = n;
-    s.dtype = c.dtype, s.index_dtype = DType::kI64;
-    s.row_idx_type = RowIdxType::kGather, s.group_list_type = GroupListType::kCount;
+    const MoeGradShape s = MoeGradGatherCountShape(c.batch, c.top_k, m, g, k, n, c.dtype);
     const MoeGradMachine machine = DetectMoeGradMachine(s);
     r.tile_gemm = machine.gemm_backend;
     if (!machine.gemm_impls.empty()) r.tile_gemm += ": " + machine.gemm_impls.front().second;

@@ -411,10 +411,7 @@ void PrintMoeGradInfo() {
                                         "micro-kernel)");
   // The GEMM each dtype's tiles run on, as the plan of a small problem picks it.
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    MoeGradShape s{};
-    s.batch = 256, s.top_k = 1, s.m = 256, s.l = 256, s.g = 1, s.k = 256, s.n = 256;
-    s.dtype = dtype, s.index_dtype = DType::kI64;
-    s.row_idx_type = RowIdxType::kGather, s.group_list_type = GroupListType::kCount;
+    const MoeGradShape s = MoeGradGatherCountShape(256, 1, 256, 1, 256, 256, dtype);
     const MoeGradPlan plan = MakeMoeGradPlan(s, DetectMoeGradMachine(s));
     std::printf("moe gemm:   %-9s -> %s GEMM on %s\n", std::string(DTypeName(dtype)).c_str(),
                 std::string(DTypeName(plan.gemm_dtype)).c_str(), plan.gemm_backend.c_str());
@@ -549,10 +546,7 @@ void RunMoeGradDemo() {
               workspace_bytes / 1024.0, expanded_bytes / 1024.0,
               static_cast<double>(expanded_bytes) / static_cast<double>(workspace_bytes));
   // The Ascend design's motivating size, from the plan alone: M = 108 K tokens, K = 7168.
-  MoeGradShape big{};
-  big.batch = 55296, big.top_k = 2, big.m = 110592, big.g = 60, big.k = 7168, big.n = 2048;
-  big.l = big.m, big.dtype = DType::kBF16, big.index_dtype = DType::kI64;
-  big.row_idx_type = RowIdxType::kGather, big.group_list_type = GroupListType::kCount;
+  const MoeGradShape big = MoeGradGatherCountShape(55296, 2, 110592, 60, 7168, 2048, DType::kBF16);
   const MoeGradPlan plan = MakeMoeGradPlan(big, DetectMoeGradMachine(big));
   const uint64_t big_expanded = static_cast<uint64_t>(big.m) * big.k * 4;
   std::printf("  at the Ascend design's own size (M 110592, K 7168, N 2048, G 60, bf16, %d "

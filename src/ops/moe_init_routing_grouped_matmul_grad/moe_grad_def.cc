@@ -16,6 +16,15 @@ std::string_view GroupListTypeName(GroupListType type) {
   return type == GroupListType::kCount ? "count" : "cumsum";
 }
 
+MoeGradShape MoeGradGatherCountShape(int64_t batch, int64_t top_k, int64_t m, int64_t g, int64_t k,
+                                     int64_t n, DType dtype) {
+  MoeGradShape s{};
+  s.m = m, s.n = n, s.k = k, s.g = g, s.l = m, s.batch = batch, s.top_k = top_k;
+  s.dtype = dtype, s.index_dtype = DType::kI64;
+  s.row_idx_type = RowIdxType::kGather, s.group_list_type = GroupListType::kCount;
+  return s;
+}
+
 gkStatus CheckRowIdxType(std::string_view api, int64_t row_idx_type) {
   if (row_idx_type == GK_ROW_IDX_GATHER || row_idx_type == GK_ROW_IDX_SCATTER) return GK_SUCCESS;
   return Fail(GK_ERROR_PARAM_INVALID, api,

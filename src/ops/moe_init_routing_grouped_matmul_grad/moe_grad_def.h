@@ -73,6 +73,12 @@ struct MoeGradShape {
   bool operator==(const MoeGradShape&) const = default;
 };
 
+// The shape of a problem described by its sizes alone, as the benchmarks and the CLI's reports
+// plan it: m expanded rows (at most batch * topK) of `dtype`, gather rows (L = m), a count
+// groupList, int64 indices, [G, K, N] weights.
+MoeGradShape MoeGradGatherCountShape(int64_t batch, int64_t top_k, int64_t m, int64_t g, int64_t k,
+                                     int64_t n, DType dtype);
+
 // Checks every argument, descriptors first, then the index values; on failure records the
 // message (argument, value, rule) and returns its status. Reads groupList and expandedRowIdx.
 gkStatus CheckMoeGrad(std::string_view api, const MoeGradArgs& args, MoeGradShape* shape);

@@ -184,9 +184,8 @@ TEST(moe_grad_api, BitIdenticalAcrossRunsAndThreadCounts) {
     for (DType dtype : kDTypes) {
       SCOPED_TRACE(::testing::Message() << c.name << " " << DTypeName(dtype));
       const MoeInputs in = MakeMoeInputs(c, dtype, MoeValues::kRandom);
-      MoeGradShape shape{};
-      shape.m = in.routing.m, shape.n = c.n, shape.k = c.k, shape.g = c.g, shape.batch = c.batch;
-      shape.top_k = c.top_k, shape.dtype = dtype;
+      const MoeGradShape shape =
+          MoeGradGatherCountShape(c.batch, c.top_k, in.routing.m, c.g, c.k, c.n, dtype);
       const MoeGradTiles tiles =
           ChooseMoeGradTiles(shape, DetectMoeGradMachine(shape).gemm_any_stride);
       EXPECT_EQ(tiles.token_chunks > 1, c.name != "one_chunk");
@@ -226,9 +225,8 @@ TEST(moe_grad_api, BroadcastAndPackedWeightFormsGiveTheSameBits) {
   for (DType dtype : {DType::kBF16, DType::kF32}) {
     SCOPED_TRACE(DTypeName(dtype));
     const MoeInputs in = MakeMoeInputs(c, dtype, MoeValues::kRandom);
-    MoeGradShape shape{};
-    shape.m = in.routing.m, shape.n = c.n, shape.k = c.k, shape.g = c.g, shape.batch = c.batch;
-    shape.top_k = c.top_k, shape.dtype = dtype;
+    const MoeGradShape shape =
+        MoeGradGatherCountShape(c.batch, c.top_k, in.routing.m, c.g, c.k, c.n, dtype);
     const MoeGradPlan plan = MakeMoeGradPlan(shape, DetectMoeGradMachine(shape));
     if (plan.broadcast_max_rows == 0) continue;
     ++tested;

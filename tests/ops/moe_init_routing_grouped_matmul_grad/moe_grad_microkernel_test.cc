@@ -353,11 +353,7 @@ INSTANTIATE_TEST_SUITE_P(AllTargets, MoeMicroKernelTest, ::testing::ValuesIn(Ava
 using gk::testing::EnvScope;
 
 MoeGradShape SmallShape(DType dtype) {
-  MoeGradShape s{};
-  s.batch = 64, s.top_k = 2, s.m = 128, s.l = 128, s.g = 4, s.k = 96, s.n = 80;
-  s.dtype = dtype, s.index_dtype = DType::kI64;
-  s.row_idx_type = RowIdxType::kGather, s.group_list_type = GroupListType::kCount;
-  return s;
+  return MoeGradGatherCountShape(64, 2, 128, 4, 96, 80, dtype);
 }
 
 // auto: oneDNN exactly where it has brgemm kernels for the dtype (decided from the CPU here) and
@@ -491,10 +487,7 @@ TEST(moe_grad_gemm, RowsIndependentGemmsGiveEachRowItsBits) {
     const EnvScope scope("GRADKIT_GEMM", choice);
     for (const auto& [batch, top_k, g, k, n] : shapes) {
       for (DType dtype : {DType::kF32, DType::kBF16}) {
-        MoeGradShape s{};
-        s.batch = batch, s.top_k = top_k, s.g = g, s.k = k, s.n = n, s.m = batch * top_k, s.l = s.m;
-        s.dtype = dtype, s.index_dtype = DType::kI64;
-        s.row_idx_type = RowIdxType::kGather, s.group_list_type = GroupListType::kCount;
+        const MoeGradShape s = MoeGradGatherCountShape(batch, top_k, batch * top_k, g, k, n, dtype);
         const MoeGradGemm made = CreateMoeGradGemm(s);
         const MoeTileGemmShape& shape = made.shape;
         const MoeTileGemm& gemm = *made.gemm;

@@ -20,19 +20,7 @@ namespace {
 
 MoeGradShape Shape(int64_t batch, int64_t top_k, int64_t g, int64_t k, int64_t n,
                    DType dtype = DType::kF32, int64_t m = -1) {
-  MoeGradShape s{};
-  s.batch = batch;
-  s.top_k = top_k;
-  s.g = g;
-  s.k = k;
-  s.n = n;
-  s.m = m < 0 ? batch * top_k : m;
-  s.l = s.m;
-  s.dtype = dtype;
-  s.index_dtype = DType::kI64;
-  s.row_idx_type = RowIdxType::kGather;
-  s.group_list_type = GroupListType::kCount;
-  return s;
+  return MoeGradGatherCountShape(batch, top_k, m < 0 ? batch * top_k : m, g, k, n, dtype);
 }
 
 MoeGradMachine Machine(int32_t threads) { return {threads, 4000, "test", {}}; }
