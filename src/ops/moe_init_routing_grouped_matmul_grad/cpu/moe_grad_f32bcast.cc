@@ -34,6 +34,22 @@ constexpr int kWeightRows = static_cast<int>(kMoeF32BroadcastWeightRows);
 // The panels' layout is the shared packer's (moe_grad_broadcast_avx512.h).
 static_assert(kTokenVector == kMoeBroadcastTokenVector && kTokenGroup == kMoeBroadcastTokenGroup);
 
+// Reduction element k of a register block: a vector of each token panel times each weight row's
+// element k, added into the block's chains.
+template <int NV>
+GK_F32BCAST_TARGET __attribute__((always_inline)) inline void BroadcastStep(
+    int64_t k, const float* const* w, const float* panel, __m512 (&acc)[kWeightRows][NV]) {
+  __m512 b[NV];
+#pragma GCC unroll 3
+  for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_ps(panel + k * (kTokenVector * NV) + kTokenVector * v);
+#pragma GCC unroll 8
+  for (int r = 0; r < kWeightRows; ++r) {
+    const __m512 x = _mm512_set1_ps(w[r][k]);
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(x, b[v], acc[r][v]);
+  }
+}
+
 // One register block over reduction elements [k0, k1): kWeightRows weight rows x NV token
 // vectors, started from 0 or (`carry`) from ct, stored back to ct (rows ldct apart). A line of
 // `next` asked for every `every` elements.
@@ -53,22 +69,22 @@ GK_F32BCAST_TARGET __attribute__((noinline)) void BroadcastTile(int64_t k0, int6
   }
   const float* w[kWeightRows];
   for (int r = 0; r < kWeightRows; ++r) w[r] = w_rows[r];
+  // Two reduction elements a turn, each chain still in ascending k (the same bits). On an Ice Lake
+  // Xeon (one core) the loop of one element ran an 8 x 48 block from L1 at 111-116 GFLOP/s, of
+  // two at 130-142 (a 16-chain FMA loop: 137-174); S3's 144 x 64 x 2048 tile 94-114 -> 102-124
+  // (docs/benchmarks.md, session 47). Not measured on the Zen 5 the form was made on.
   int64_t countdown = every;
-  for (int64_t k = k0; k < k1; ++k) {
-    if (--countdown == 0) {
+  int64_t k = k0;
+  for (; k + 2 <= k1; k += 2) {
+    countdown -= 2;
+    while (countdown <= 0) {
       MoeMicroAskNextLine(next);
-      countdown = every;
+      countdown += every;
     }
-    __m512 b[NV];
-#pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) b[v] = _mm512_loadu_ps(panel + k * (kTokenVector * NV) + kTokenVector * v);
-#pragma GCC unroll 8
-    for (int r = 0; r < kWeightRows; ++r) {
-      const __m512 x = _mm512_set1_ps(w[r][k]);
-#pragma GCC unroll 3
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(x, b[v], acc[r][v]);
-    }
+    BroadcastStep<NV>(k, w, panel, acc);
+    BroadcastStep<NV>(k + 1, w, panel, acc);
   }
+  if (k < k1) BroadcastStep<NV>(k, w, panel, acc);
 #pragma GCC unroll 8
   for (int r = 0; r < kWeightRows; ++r) {
 #pragma GCC unroll 3
