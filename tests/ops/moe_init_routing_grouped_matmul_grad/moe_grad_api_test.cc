@@ -3,6 +3,7 @@
 // determinism across runs and thread counts.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "ops/moe_init_routing_grouped_matmul_grad/moe_grad_plan.h"
 #include "tests/ops/moe_init_routing_grouped_matmul_grad/moe_grad_test_util.h"
@@ -217,13 +218,16 @@ TEST(moe_grad_api, BitIdenticalAcrossRunsAndThreadCounts) {
 // broadcast form for the few-row experts, the others run them chunk by chunk in the packed form;
 // expert 0, past broadcast_max_rows, takes the packed form on every count. bfloat16 on the
 // dot-product kernel, float32 on the micro-kernel's AVX-512 chains (elsewhere no expert takes
-// the broadcast form: the plan says 0).
+// the broadcast form: the plan says 0). On the GEMM auto takes and on gradkit's own, so that
+// the form runs wherever it can (auto keeps oneDNN on CPUs other than Zen 5).
 TEST(moe_grad_api, BroadcastAndPackedWeightFormsGiveTheSameBits) {
   MoeCase c{"few_rows_per_expert", 700, 4, 40, 600, 202, 0.95};
   c.skew = 0.3;  // expert 0 past broadcast_max_rows, the rest about 45 rows each
   int tested = 0;
-  for (DType dtype : {DType::kBF16, DType::kF32}) {
-    SCOPED_TRACE(DTypeName(dtype));
+  for (const auto& [choice, dtype] : {std::pair{"auto", DType::kBF16}, std::pair{"auto", DType::kF32},
+                                      std::pair{"gradkit", DType::kBF16}, std::pair{"gradkit", DType::kF32}}) {
+    SCOPED_TRACE(::testing::Message() << "GRADKIT_GEMM=" << choice << " " << DTypeName(dtype));
+    const gk::testing::EnvScope scope("GRADKIT_GEMM", choice);
     const MoeInputs in = MakeMoeInputs(c, dtype, MoeValues::kRandom);
     const MoeGradShape shape =
         MoeGradGatherCountShape(c.batch, c.top_k, in.routing.m, c.g, c.k, c.n, dtype);

@@ -52,7 +52,7 @@ GK_F32BCAST_TARGET __attribute__((always_inline)) inline void BroadcastStep(
 
 // One register block over reduction elements [k0, k1): kWeightRows weight rows x NV token
 // vectors, started from 0 or (`carry`) from ct, stored back to ct (rows ldct apart). A line of
-// `next` asked for every `every` elements.
+// `next` asked for about every `every` elements.
 template <int NV>
 GK_F32BCAST_TARGET __attribute__((noinline)) void BroadcastTile(int64_t k0, int64_t k1,
                                                                 const float* const* w_rows,
@@ -69,22 +69,26 @@ GK_F32BCAST_TARGET __attribute__((noinline)) void BroadcastTile(int64_t k0, int6
   }
   const float* w[kWeightRows];
   for (int r = 0; r < kWeightRows; ++r) w[r] = w_rows[r];
-  // Two reduction elements a turn, each chain still in ascending k (the same bits). On an Ice Lake
-  // Xeon (one core) the loop of one element ran an 8 x 48 block from L1 at 111-116 GFLOP/s, of
-  // two at 130-142 (a 16-chain FMA loop: 137-174); S3's 144 x 64 x 2048 tile 94-114 -> 102-124
-  // (docs/benchmarks.md, session 47). Not measured on the Zen 5 the form was made on.
-  int64_t countdown = every;
-  int64_t k = k0;
-  for (; k + 2 <= k1; k += 2) {
-    countdown -= 2;
-    while (countdown <= 0) {
-      MoeMicroAskNextLine(next);
-      countdown += every;
+  // Two reduction elements a turn, each chain still in ascending k (the same bits), in segments
+  // of at least kSegment elements with the segment's lines of `next` asked for between them, so
+  // that the loop holds its pointers only (with the countdown inside it, GCC kept three of them
+  // on the stack). One-process A/B of the tile on an Ice Lake Xeon core, S3's 144 x 64 x 2048
+  // and S2's 256 x 128 x 768, weights hot or streamed, ten runs: medians 1.02-1.11x (most
+  // 1.05-1.10) the loop of one element with the countdown inside; two elements a turn without the
+  // segments 0.99-1.05x, segments without two elements 0.95-1.01x (docs/benchmarks.md, session
+  // 47). Zen 5, where auto takes this form, not measured since.
+  constexpr int64_t kSegment = 32;
+  const int64_t segment = RoundUp(std::max(every, kSegment), int64_t{2});
+  const int64_t lines = segment / every;
+  for (int64_t k = k0; k < k1;) {
+    const int64_t end = std::min(k1, k + segment);
+    for (; k + 2 <= end; k += 2) {
+      BroadcastStep<NV>(k, w, panel, acc);
+      BroadcastStep<NV>(k + 1, w, panel, acc);
     }
-    BroadcastStep<NV>(k, w, panel, acc);
-    BroadcastStep<NV>(k + 1, w, panel, acc);
+    if (k < end) BroadcastStep<NV>(k++, w, panel, acc);
+    for (int64_t i = 0; i < lines; ++i) MoeMicroAskNextLine(next);
   }
-  if (k < k1) BroadcastStep<NV>(k, w, panel, acc);
 #pragma GCC unroll 8
   for (int r = 0; r < kWeightRows; ++r) {
 #pragma GCC unroll 3
