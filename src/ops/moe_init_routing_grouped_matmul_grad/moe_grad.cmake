@@ -10,6 +10,7 @@ target_sources(gradkit PRIVATE
   ${_moe_dir}/cpu/moe_grad_kernels.cc
   ${_moe_dir}/cpu/moe_grad_microkernel.cc
   ${_moe_dir}/cpu/moe_grad_bf16dot.cc
+  ${_moe_dir}/cpu/moe_grad_bf16amx.cc
   ${_moe_dir}/cpu/moe_grad_f32bcast.cc
   ${_moe_dir}/cpu/moe_grad_gemm.cc
 )

@@ -11,6 +11,7 @@
 #include "core/plan_math.h"
 #include "core/thread_pool.h"
 #include "gradkit/moe_init_routing_grouped_matmul_grad.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16amx.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_f32bcast.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
@@ -49,6 +50,7 @@ class MoeGradExecutor final : public gkOpExecutor {
       whole_base_ = gemm_->rows_independent(plan_.base_n);
       whole_last_ = gemm_->rows_independent(plan_.last_block_cols);
     }
+    broadcast_on_amx_ = plan_.broadcast_max_rows > 0 && gemm_->broadcast_on_amx();
   }
 
   std::string_view op_name() const override { return kMoeGradName; }
@@ -117,7 +119,7 @@ class MoeGradExecutor final : public gkOpExecutor {
     const auto worker =
         gemm_->MakeWorker(ws.system ? ws.system + t * p.gemm_scratchpad_bytes : nullptr);
     ThreadSlots slots{ws.ring + t * p.parall_num * p.base_m * p.base_n,
-                      ws.a_tiles + t * p.base_m * p.base_k * ElementBytes(p.gemm_dtype),
+                      ws.a_tiles + t * p.a_tile_bytes,
                       ws.b_tiles ? ws.b_tiles + t * p.base_n * p.base_k * ElementBytes(p.gemm_dtype)
                                   : nullptr,
                       worker.get()};
@@ -308,8 +310,8 @@ class MoeGradExecutor final : public gkOpExecutor {
   // token panels in the A tile once for all of the expert's blocks on this thread, each block's
   // weights read in place, C transposed in the ring's second slot and turned into the first
   // slot's tile, then added into gradX as RunExpert's tiles are. The same bits as RunExpert's
-  // form (MoeBf16DotGemmBroadcastB, MoeF32GemmBroadcastB); the next step's weight rows are
-  // fetched meanwhile.
+  // form (MoeBf16DotGemmBroadcastB, MoeF32GemmBroadcastB, MoeBf16AmxGemmBroadcastB where the
+  // GEMM's check found it so); the next step's weight rows are fetched meanwhile.
   void RunExpertBroadcast(int64_t begin, int64_t end, int64_t block, int64_t g,
                           const MoeGradWorkspace& ws, ThreadSlots& slots) const {
     const MoeGradPlan& p = plan_;
@@ -334,6 +336,18 @@ class MoeGradExecutor final : public gkOpExecutor {
       MoeF32GemmBroadcastB(rows, cols, s.n, reinterpret_cast<const float*>(slots.a_tile),
                            reinterpret_cast<const float*>(WeightBlock(g, block)), s.n, tile, p.base_n,
                            transposed, reinterpret_cast<const float*>(next.base), next.rows);
+    } else if (broadcast_on_amx_) {
+      // In calls of whole token groups of the panels (past base_m rows an expert), each added
+      // into gradX before the next: the ring's slots hold one call's C and its transpose.
+      const int64_t call_rows = MoeGradBroadcastCallRows(p.base_m);
+      for (int64_t r0 = 0; r0 < rows; r0 += call_rows) {
+        const int64_t n_rows = std::min(call_rows, rows - r0);
+        const bool last = r0 + n_rows == rows;
+        MoeBf16AmxGemmBroadcastB(n_rows, cols, s.n, slots.a_tile + r0 * s.n * 2, WeightBlock(g, block), s.n,
+                                 tile, p.base_n, transposed, last ? next.base : nullptr, last ? next.rows : 0);
+        AddTileIntoGradX(begin + r0, n_rows, block * p.base_n, cols, tile, ws, slots);
+      }
+      return;
     } else {
       MoeBf16DotGemmBroadcastB(rows, cols, s.n, slots.a_tile, WeightBlock(g, block), s.n, tile,
                                p.base_n, transposed, next.base, next.rows);
@@ -420,6 +434,7 @@ class MoeGradExecutor final : public gkOpExecutor {
   // Whether a step runs the expert's rows of all chunks as one range (RunThread): for the
   // column blocks of base_n columns, and for the last one.
   bool whole_base_ = false, whole_last_ = false;
+  bool broadcast_on_amx_ = false;  // bfloat16's weights-broadcast form on AMX tiles (phase 1)
   gkTensor dy_, w_, idx_, groups_, dx_;  // copies: the caller may release its descriptors
 };
 

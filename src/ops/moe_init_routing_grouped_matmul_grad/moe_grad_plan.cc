@@ -199,7 +199,12 @@ bool MoeGradStreamsWeights(const MoeGradShape& shape, const MoeGradTiles& tiles)
   return held_rows_bytes + 2 * block_bytes <= kMoeGradStreamedBytes;
 }
 
-int64_t MoeGradBroadcastRows(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_broadcast_form) {
+int64_t MoeGradBroadcastCallRows(int64_t base_m) {
+  return base_m >= kMoeBf16DotTokenGroup ? base_m / kMoeBf16DotTokenGroup * kMoeBf16DotTokenGroup : base_m;
+}
+
+int64_t MoeGradBroadcastRows(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_broadcast_form,
+                             bool amx) {
   const bool dtype_ok = (shape.dtype == DType::kBF16 && shape.n % 2 == 0) || shape.dtype == DType::kF32;
   if (!gemm_broadcast_form || !dtype_ok || tiles.k_blocks != 1 || shape.weight_nk || shape.n == 0 ||
       tiles.base_n % 16 != 0) {
@@ -208,6 +213,7 @@ int64_t MoeGradBroadcastRows(const MoeGradShape& shape, const MoeGradTiles& tile
   if (shape.dtype == DType::kF32) return tiles.base_m;
   const uint64_t token_row_bytes = static_cast<uint64_t>(shape.n) * 2;
   const int64_t fit = static_cast<int64_t>(kMoeGradBroadcastTokensBytes / token_row_bytes) / 16 * 16;
+  if (amx && tiles.base_m >= kMoeBf16DotTokenGroup) return std::max(fit, std::min(tiles.base_m, fit));
   return std::min(tiles.base_m, fit);
 }
 
@@ -257,7 +263,8 @@ MoeTileGemmShape MoeGradTileGemmShape(const MoeGradShape& shape, bool gemm_any_s
 
 MoeGradMachine MoeGradMachineOf(const MoeTileGemm& gemm, const MoeTileGemmShape& shape) {
   MoeGradMachine machine{ConfiguredThreads(), gemm.scratchpad_bytes(), gemm.name(), {},
-                         gemm.row_granule(), gemm.takes_any_stride(), gemm.has_broadcast_form()};
+                         gemm.row_granule(), gemm.takes_any_stride(), gemm.has_broadcast_form(),
+                         gemm.broadcast_on_amx()};
   for (int64_t width : shape.widths) machine.gemm_impls.emplace_back(width, gemm.impl(width));
   return machine;
 }
@@ -295,7 +302,8 @@ MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& mac
   p.row_granule = machine.gemm_row_granule;
   p.gemm_any_stride = machine.gemm_any_stride;
   p.b_copied = MoeGradCopiesB(shape, tiles, p.gemm_any_stride);
-  p.broadcast_max_rows = p.b_copied ? 0 : MoeGradBroadcastRows(shape, tiles, machine.gemm_broadcast_form);
+  p.broadcast_max_rows = p.b_copied ? 0 : MoeGradBroadcastRows(shape, tiles, machine.gemm_broadcast_form,
+                                                                    machine.gemm_broadcast_amx);
   p.parall_num = kMoeGradParallNum;
   p.col_blocks = tiles.col_blocks;
   p.last_block_cols = tiles.last_block_cols;
@@ -309,8 +317,14 @@ MoeGradPlan MakeMoeGradPlan(const MoeGradShape& shape, const MoeGradMachine& mac
   const int64_t gemm_elem = ElementBytes(p.gemm_dtype);
   const int64_t t = p.threads;
   const uint64_t ring = Bytes(p.parall_num * p.base_m * p.base_n, 4);
-  const uint64_t a_tile = Bytes(p.base_m * p.base_k, gemm_elem);
+  // A's tile, or an expert's token panels (the weights-broadcast form; past base_m rows on AMX).
+  const uint64_t a_tile = std::max(Bytes(p.base_m * p.base_k, gemm_elem),
+                                   p.broadcast_max_rows > p.base_m
+                                       ? AlignUp(MoeBf16DotTokensBytes(p.broadcast_max_rows, shape.n),
+                                                 kMoeGradAlignment)
+                                       : uint64_t{0});
   const uint64_t b_tile = p.b_copied ? Bytes(p.base_n * p.base_k, gemm_elem) : 0;
+  p.a_tile_bytes = a_tile;
   p.thread_bytes = ring + a_tile + b_tile + p.gemm_scratchpad_bytes;
   LayoutBuilder b;
   MoeGradLayout& l = p.layout;

@@ -69,6 +69,7 @@ struct MoeGradMachine {
   int64_t gemm_row_granule = kMoeGradGemmRowGranule;  // GEMM rows are padded to this (MoeTileGemm; 1: none)
   bool gemm_any_stride = false;  // the GEMM reads A and B at any stride (MoeTileGemm::takes_any_stride)
   bool gemm_broadcast_form = false;  // the weights-broadcast form gives its bits (MoeTileGemm::has_broadcast_form)
+  bool gemm_broadcast_amx = false;   // ... on AMX tiles (MoeTileGemm::broadcast_on_amx)
 };
 
 struct MoeGradRegion {
@@ -81,7 +82,7 @@ struct MoeGradRegion {
 // sizes only; the index tables scale with M and G (8 bytes per entry).
 struct MoeGradLayout {
   MoeGradRegion matmul_out_ring;      // threads x parall_num x [base_m, base_n] float32
-  MoeGradRegion a_tiles;              // threads x [base_m, base_k] gemm dtype: gathered / padded gradY
+  MoeGradRegion a_tiles;              // threads x a_tile_bytes: gathered / padded gradY, or token panels
   MoeGradRegion b_tiles;              // threads x [base_n, base_k] gemm dtype: weight k-block (b_copied)
   MoeGradRegion system;               // threads x gemm_scratchpad_bytes (the GEMM library's scratch)
   MoeGradRegion group_offsets;        // G + 1 int64: expert g owns rows [off[g], off[g + 1])
@@ -119,6 +120,7 @@ struct MoeGradPlan {
   int64_t tokens_per_chunk;   // the last chunk may hold fewer
   int64_t units;              // token_chunks * col_blocks; unit u = (chunk u / col_blocks, block u % col_blocks)
   uint64_t gemm_scratchpad_bytes;
+  uint64_t a_tile_bytes;      // a thread's A tile: [base_m, base_k], or more for token panels (AMX)
   uint64_t thread_bytes;      // the workspace each thread owns (ring, A and B tiles, scratchpad)
   MoeGradLayout layout;
   uint64_t workspace_bytes;   // layout.end + kMoeGradAlignment (to align the caller's pointer)
@@ -183,8 +185,18 @@ bool MoeGradStreamsWeights(const MoeGradShape& shape, const MoeGradTiles& tiles)
 // form packs an expert's gradY once for its 56 blocks a thread instead. One-process harness, Zen
 // 5, 2 threads, the same bits: S3 bfloat16 1.01-1.07x, float32 1.07-1.10x, S2 1.00x in both
 // (docs/benchmarks.md, session 45).
+// With `amx` (the bfloat16 form on AMX tiles, moe_grad_bf16amx.h), up to the rows whose panels
+// take kMoeGradBroadcastTokensBytes, past base_m: the expert's rows are packed once and run in
+// calls of MoeGradBroadcastCallRows rows each (whole token groups, so that every call reads the
+// panels where they lie), which the ring's two slots hold. AMX's packed form pays for packing
+// its weights on every expert (a third of fused S2's samples on the AMX Xeon, 256 rows an
+// expert): there experts of up to 416 rows take the form (docs/benchmarks.md, session 47).
 inline constexpr uint64_t kMoeGradBroadcastTokensBytes = 640u << 10;
-int64_t MoeGradBroadcastRows(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_broadcast_form);
+int64_t MoeGradBroadcastRows(const MoeGradShape& shape, const MoeGradTiles& tiles, bool gemm_broadcast_form,
+                             bool amx = false);
+// The rows of one call of the form: base_m, and with more rows per expert than that (AMX) base_m
+// rounded down to a whole token group (48).
+int64_t MoeGradBroadcastCallRows(int64_t base_m);
 
 // Whether the fused op's float32 tiles ask for the GEMM whose sums the float32 weights-broadcast
 // form repeats (MoeTileGemmShape::f32_broadcast): float32 inputs with experts averaging at most

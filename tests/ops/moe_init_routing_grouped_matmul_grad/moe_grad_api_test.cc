@@ -254,6 +254,40 @@ TEST(moe_grad_api, BroadcastAndPackedWeightFormsGiveTheSameBits) {
   if (tested == 0) GTEST_SKIP() << "no expert takes the broadcast form on this machine's GEMM";
 }
 
+// On AMX (bfloat16, oneDNN's packed AMX calls, whose bits the form was checked to give), experts
+// of more rows than base_m take the weights-broadcast form too, packed once and run in calls of
+// MoeGradBroadcastCallRows rows: expert 0 past the form's rows (packed form), the others between
+// one call's rows and the form's limit (two calls each, the second from a whole panel group on).
+// Within the float64 reference, and the same bytes on 1-4 threads (each thread count runs the
+// experts' blocks on other threads, some as whole ranges in the form, some chunk by chunk packed).
+TEST(moe_grad_api, AmxBroadcastFormTakesExpertsPastBaseM) {
+  MoeCase c{"amx_long_experts", 1000, 4, 9, 256, 768, 1.0};
+  c.skew = 0.3;  // expert 0: ~1200 rows, the other eight ~350 each
+  const MoeInputs in = MakeMoeInputs(c, DType::kBF16, MoeValues::kRandom);
+  const MoeGradShape shape = MoeGradGatherCountShape(c.batch, c.top_k, in.routing.m, c.g, c.k, c.n, DType::kBF16);
+  const MoeGradGemm made = CreateMoeGradGemm(shape);
+  if (!made.gemm->broadcast_on_amx()) GTEST_SKIP() << "the weights-broadcast form does not run on AMX here";
+  const MoeGradPlan plan = MakeMoeGradPlan(shape, MoeGradMachineOf(*made.gemm, made.shape));
+  const int64_t call_rows = MoeGradBroadcastCallRows(plan.base_m);
+  ASSERT_GT(plan.broadcast_max_rows, plan.base_m);
+  ASSERT_GT(in.routing.group_counts[0], plan.broadcast_max_rows);
+  int64_t past_one_call = 0;
+  for (int64_t g = 1; g < c.g; ++g) {
+    ASSERT_LE(in.routing.group_counts[g], plan.broadcast_max_rows) << "expert " << g;
+    past_one_call += in.routing.group_counts[g] > call_rows;
+  }
+  ASSERT_GT(past_one_call, 0) << "no expert runs in two calls (" << call_rows << " rows each)";
+  MoeRunOptions o{0, GK_GROUP_LIST_COUNT};
+  o.threads = 1;
+  const auto reference = RunMoeGrad(in, o);
+  EXPECT_TRUE(MatchesReference(in, reference, false));
+  for (int32_t threads : {2, 3, 4}) {
+    o.threads = threads;
+    const auto dx = RunMoeGrad(in, o);
+    EXPECT_EQ(std::memcmp(reference.data(), dx.data(), dx.size() * 4), 0) << threads << " threads";
+  }
+}
+
 // int32 index lists (what int32 routing code hands over) give the bytes of int64 ones.
 TEST(moe_grad_api, Int32IndexListsGiveTheInt64Bytes) {
   const MoeCase c{"int32_lists", 40, 2, 5, 96 + 7, 40 + 3, 0.8};

@@ -1,6 +1,7 @@
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_gemm.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
@@ -19,6 +20,7 @@
 #include "core/error.h"
 #include "core/plan_math.h"
 #include "core/thread_pool.h"
+#include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16amx.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_f32bcast.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_kernels.h"
@@ -464,6 +466,33 @@ class OneDnnTileGemm final : public MoeTileGemm {
     if (fresh) at->second = EachRowGetsItsBits(width);
     return at->second;
   }
+  // bfloat16 on AMX brgemm, B packed, one step whose reduction AMX takes whole: the
+  // weights-broadcast form on AMX tiles, once a check on this machine and library found its bits
+  // equal to the packed calls' for every width (each width's rows independent first, so that one
+  // call of each width decides). Checked once per process and configuration, cached.
+  bool has_broadcast_form() const override { return broadcast_on_amx(); }
+  bool broadcast_on_amx() const override {
+    if (shape_.gemm_dtype != DType::kBF16 || !packed_b_ || in_place_ || shape_.steps.size() != 1 ||
+        shape_.steps[0].accumulate || !MoeBf16AmxTakesReduce(shape_.steps[0].reduce) ||
+        !MoeBf16AmxAvailable()) {
+      return false;
+    }
+    for (const int64_t width : shape_.widths) {
+      if (impl(width).find("amx") == std::string::npos || !rows_independent(width)) return false;
+    }
+    const std::string key = fmt::format("{} amx broadcast widths {} rows {} lda {} ldb {} ldc {} reduce {}",
+                                        MoeGemmLibraryName(), fmt::join(shape_.widths, ","), rows_.back(),
+                                        shape_.lda, shape_.ldb, shape_.ldc, shape_.steps[0].reduce);
+    static std::mutex mutex;
+    static std::map<std::string, bool> checked;
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto [at, fresh] = checked.emplace(key, false);
+    if (fresh) {
+      at->second = std::all_of(shape_.widths.begin(), shape_.widths.end(),
+                               [&](int64_t width) { return AmxBroadcastGivesItsBits(width); });
+    }
+    return at->second;
+  }
 
   class DnnlWorker final : public Worker {
    public:
@@ -775,6 +804,45 @@ class OneDnnTileGemm final : public MoeTileGemm {
   // rows_independent's check: random operands of the shape's strides, every step in turn (B
   // prepared per step, later steps accumulating), the full-height call against a call of each
   // other prepared row count.
+  // One packed call of max_rows rows against MoeBf16AmxGemmBroadcastB on the same random
+  // operands: the same bits in every row (and in a call of a partial token tile's rows).
+  bool AmxBroadcastGivesItsBits(int64_t width) const {
+    const int64_t max_rows = rows_.back(), reduce = shape_.steps[0].reduce;
+    const int64_t lda = shape_.LdaOf(reduce), ldb = shape_.LdbOf(reduce), ldc = shape_.ldc;
+    const auto random = [&](int64_t elems, uint32_t seed) {
+      std::vector<uint16_t> out(static_cast<size_t>(elems));
+      for (int64_t i = 0; i < elems; ++i) {
+        const uint32_t h = (static_cast<uint32_t>(i) ^ seed) * 2654435761u;
+        StoreFromF32(out.data(), i, DType::kBF16, static_cast<float>(h >> 8) / 8388608.0f - 1.0f);
+      }
+      return out;
+    };
+    const std::vector<uint16_t> a = random(max_rows * lda, 0x27d4u), b = random(width * ldb, 0x1656u);
+    std::vector<float> packed(static_cast<size_t>(max_rows * ldc));
+    {
+      const GemmSequentialScope sequential;
+      std::vector<char> scratch(scratchpad_bytes() + 64);
+      const std::unique_ptr<Worker> worker = MakeWorker(AlignUp(scratch.data(), 64));
+      worker->Run(max_rows, width, reduce, false, a.data(), worker->PrepareB(width, reduce, b.data()),
+                  packed.data());
+    }
+    for (const int64_t rows : {max_rows, std::min<int64_t>(max_rows, 17)}) {
+      std::vector<uint32_t> tokens(MoeBf16DotTokensBytes(rows, reduce) / 4);
+      std::vector<float> transposed(MoeBf16DotBroadcastScratchBytes(rows, width) / 4);
+      std::vector<float> c(static_cast<size_t>(rows * ldc));
+      MoeBf16DotPackTokens(rows, reduce, a.data(), lda, tokens.data());
+      MoeBf16AmxGemmBroadcastB(rows, width, reduce, tokens.data(), b.data(), ldb, c.data(), ldc,
+                               transposed.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        if (std::memcmp(&c[static_cast<size_t>(r * ldc)], &packed[static_cast<size_t>(r * ldc)],
+                        static_cast<size_t>(width) * sizeof(float)) != 0) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
   bool EachRowGetsItsBits(int64_t width) const {
     const int64_t max_rows = rows_.back(), elem = ElementBytes(shape_.gemm_dtype);
     const auto random = [&](int64_t elems, uint32_t seed) {

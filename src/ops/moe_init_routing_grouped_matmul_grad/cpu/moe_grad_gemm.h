@@ -174,7 +174,11 @@ class MoeTileGemm {
   // Whether the weights-broadcast form of its dtype gives its bits, so that the fused op may run
   // experts of few rows in that form (MoeGradBroadcastRows): bfloat16 on the dot-product kernel
   // (moe_grad_bf16dot.h), float32 on the micro-kernel's AVX-512 chains (moe_grad_f32bcast.h).
+  // oneDNN's bfloat16 brgemm on AMX: the form on AMX tiles (moe_grad_bf16amx.h), where a check on
+  // this machine and library found its bits equal to the packed calls' (broadcast_on_amx).
   virtual bool has_broadcast_form() const { return false; }
+  // Whether that form runs on AMX (MoeBf16AmxGemmBroadcastB) rather than on vdpbf16ps.
+  virtual bool broadcast_on_amx() const { return false; }
   // Whether calls of this width give a row of C the same bits whatever the call's row count and
   // its other rows (every reduction step, accumulating or not), so that a caller may group rows
   // into calls differently (the fused op's whole blocks, which depend on the thread count): the
