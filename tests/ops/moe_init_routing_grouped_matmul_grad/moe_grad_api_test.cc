@@ -212,6 +212,19 @@ TEST(moe_grad_api, BitIdenticalAcrossRunsAndThreadCounts) {
   }
 }
 
+// One thread's result within the float64 reference, and its bytes on 2, 3 and 4 threads.
+void ExpectReferenceBytesOnTwoToFourThreads(const MoeInputs& in) {
+  MoeRunOptions o{0, GK_GROUP_LIST_COUNT};
+  o.threads = 1;
+  const auto reference = RunMoeGrad(in, o);
+  EXPECT_TRUE(MatchesReference(in, reference, false));
+  for (int32_t threads : {2, 3, 4}) {
+    o.threads = threads;
+    const auto dx = RunMoeGrad(in, o);
+    EXPECT_EQ(std::memcmp(reference.data(), dx.data(), dx.size() * 4), 0) << threads << " threads";
+  }
+}
+
 // The weights-broadcast form (experts of at most plan.broadcast_max_rows rows, run as one range)
 // and the packed-weights form give the same bits: with several token chunks, the thread counts
 // that run an expert's rows as one range (1, and those dividing the column blocks) take the
@@ -241,15 +254,7 @@ TEST(moe_grad_api, BroadcastAndPackedWeightFormsGiveTheSameBits) {
     bool chunk_by_chunk = false;
     for (int64_t threads : {2, 3, 4}) chunk_by_chunk = chunk_by_chunk || plan.col_blocks % threads != 0;
     ASSERT_TRUE(chunk_by_chunk) << plan.col_blocks << " column blocks";
-    MoeRunOptions o{0, GK_GROUP_LIST_COUNT};
-    o.threads = 1;
-    const auto reference = RunMoeGrad(in, o);
-    EXPECT_TRUE(MatchesReference(in, reference, false));
-    for (int32_t threads : {2, 3, 4}) {
-      o.threads = threads;
-      const auto dx = RunMoeGrad(in, o);
-      EXPECT_EQ(std::memcmp(reference.data(), dx.data(), dx.size() * 4), 0) << threads << " threads";
-    }
+    ExpectReferenceBytesOnTwoToFourThreads(in);
   }
   if (tested == 0) GTEST_SKIP() << "no expert takes the broadcast form on this machine's GEMM";
 }
@@ -277,15 +282,7 @@ TEST(moe_grad_api, AmxBroadcastFormTakesExpertsPastBaseM) {
     past_one_call += in.routing.group_counts[g] > call_rows;
   }
   ASSERT_GT(past_one_call, 0) << "no expert runs in two calls (" << call_rows << " rows each)";
-  MoeRunOptions o{0, GK_GROUP_LIST_COUNT};
-  o.threads = 1;
-  const auto reference = RunMoeGrad(in, o);
-  EXPECT_TRUE(MatchesReference(in, reference, false));
-  for (int32_t threads : {2, 3, 4}) {
-    o.threads = threads;
-    const auto dx = RunMoeGrad(in, o);
-    EXPECT_EQ(std::memcmp(reference.data(), dx.data(), dx.size() * 4), 0) << threads << " threads";
-  }
+  ExpectReferenceBytesOnTwoToFourThreads(in);
 }
 
 // int32 index lists (what int32 routing code hands over) give the bytes of int64 ones.

@@ -18,6 +18,7 @@
 
 #include "core/dtype.h"
 #include "ops/moe_init_routing_grouped_matmul_grad/cpu/moe_grad_bf16dot.h"
+#include "tests/ops/moe_init_routing_grouped_matmul_grad/moe_grad_test_util.h"
 
 namespace gk {
 namespace {
@@ -25,16 +26,7 @@ namespace {
 constexpr int64_t kRowBlock = kMoeBf16DotRows;
 constexpr int64_t kReduceBlock = kMoeBf16DotReduceBlock;
 
-// bfloat16 values from a hash: small, of both signs, never NaN; their products are exact in
-// float32 (8 significant bits each).
-std::vector<uint16_t> Values(int64_t elems, uint32_t seed) {
-  std::vector<uint16_t> out(static_cast<size_t>(elems));
-  for (int64_t i = 0; i < elems; ++i) {
-    const uint32_t h = (static_cast<uint32_t>(i) + seed) * 2654435761u;
-    StoreFromF32(out.data(), i, DType::kBF16, static_cast<float>(h % 4001) / 1000.0f - 2.0f);
-  }
-  return out;
-}
+std::vector<uint16_t> Values(int64_t elems, uint32_t seed) { return testing::Bf16Values(elems, seed); }
 
 float Bf16(uint16_t bits) { return LoadAsF32(&bits, 0, DType::kBF16); }
 

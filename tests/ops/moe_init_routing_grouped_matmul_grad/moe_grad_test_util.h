@@ -17,6 +17,17 @@
 
 namespace gk::testing {
 
+// bfloat16 values from a hash: small (|v| <= 2, three decimals rounded), of both signs, never
+// NaN; their products are exact in float32 (8 significant bits each). The tile kernels' tests.
+inline std::vector<uint16_t> Bf16Values(int64_t elems, uint32_t seed) {
+  std::vector<uint16_t> out(static_cast<size_t>(elems));
+  for (int64_t i = 0; i < elems; ++i) {
+    const uint32_t h = (static_cast<uint32_t>(i) + seed) * 2654435761u;
+    StoreFromF32(out.data(), i, DType::kBF16, static_cast<float>(h % 4001) / 1000.0f - 2.0f);
+  }
+  return out;
+}
+
 struct MoeCase {
   std::string name;
   int64_t batch, top_k, g, k, n;
