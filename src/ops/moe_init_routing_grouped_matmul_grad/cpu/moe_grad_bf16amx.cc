@@ -149,7 +149,6 @@ GK_BF16AMX_TARGET void GemmBroadcastB(int64_t rows, int64_t width, int64_t reduc
     // The next rows: the next group's, or the next block's.
     int64_t count = 0;
     const char* next_base = nullptr;
-    int64_t next_stride = ldb_bytes;
     if (gi + 1 < groups) {
       next_base = b + (w0 + kWeightRows) * ldb_bytes;
       count = std::min(kWeightRows, width - w0 - kWeightRows);
@@ -157,7 +156,7 @@ GK_BF16AMX_TARGET void GemmBroadcastB(int64_t rows, int64_t width, int64_t reduc
       next_base = next_b;
       count = std::min(kWeightRows, next_rows);
     }
-    for (int64_t r = 0; r < count; ++r) fetch_rows[r] = next_base + r * next_stride;
+    for (int64_t r = 0; r < count; ++r) fetch_rows[r] = next_base + r * ldb_bytes;
     const char* const* fetch = fetch_rows;
     const char* const* fetch_end = fetch_rows + count;
     int64_t fetch_at = 0;
