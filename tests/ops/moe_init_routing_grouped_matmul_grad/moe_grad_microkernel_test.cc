@@ -570,11 +570,14 @@ TEST(moe_grad_gemm, OwnStreamedTilesOnZen5Only) {
 }
 
 // The CPUs whose fused float32 tiles take the weights-broadcast form (and the micro-kernel for the
-// rest): Zen 5, where it was measured; not Zen 4, not Intel, not an unknown CPU.
-TEST(moe_grad_gemm, F32BroadcastOnZen5Only) {
+// rest): Zen 5 and Intel's AMX Xeons, where it was measured; not Zen 4, not Intel without AMX
+// (an Ice Lake server, 0x6A), not an unknown CPU.
+TEST(moe_grad_gemm, F32BroadcastOnZen5AndAmxXeons) {
   EXPECT_TRUE(MoeF32BroadcastOutrunsBrgemm({"AuthenticAMD", 0x1A, 0x02}));
+  EXPECT_TRUE(MoeF32BroadcastOutrunsBrgemm({"GenuineIntel", 0x6, 0x8F, /*amx_bf16=*/true}));
   EXPECT_FALSE(MoeF32BroadcastOutrunsBrgemm({"AuthenticAMD", 0x19, 0x11}));
   EXPECT_FALSE(MoeF32BroadcastOutrunsBrgemm({"GenuineIntel", 0x6, 0x8F}));
+  EXPECT_FALSE(MoeF32BroadcastOutrunsBrgemm({"GenuineIntel", 0x6, 0x6A}));
   EXPECT_FALSE(MoeF32BroadcastOutrunsBrgemm({"", 0, 0}));
 }
 

@@ -1037,7 +1037,7 @@ bool MoeOwnStreamedBf16OnDot(const CpuIdentity& cpu) {
 }
 
 bool MoeF32BroadcastOutrunsBrgemm(const CpuIdentity& cpu) {
-  return cpu.vendor == "AuthenticAMD" && cpu.family == 0x1A;
+  return (cpu.vendor == "AuthenticAMD" && cpu.family == 0x1A) || (cpu.vendor == "GenuineIntel" && cpu.amx_bf16);
 }
 
 bool MoeF32InPlaceKNOutrunsPackedBrgemm(const CpuIdentity& cpu) {

@@ -117,10 +117,13 @@ bool MoeOwnStreamedOutrunsBrgemm(const CpuIdentity& cpu);
 bool MoeOwnStreamedBf16OnDot(const CpuIdentity& cpu);
 
 // CPUs where the fused op's float32 tiles run faster in the weights-broadcast form, the rest on
-// the micro-kernel, than packed on oneDNN 2.6's brgemm: AMD family 0x1A (Zen 5). One-process
-// harness, 2 threads, two runs each, median fraction of dense: S3 float32 (137 rows an expert)
-// 0.85, 0.85 on oneDNN -> 0.93, 0.95; S2 (256) 0.92, 0.90 -> 0.94, 0.90 (docs/benchmarks.md,
-// session 45). Not measured elsewhere: other CPUs keep brgemm (and the packed form).
+// the micro-kernel, than packed on oneDNN 2.6's brgemm: AMD family 0x1A (Zen 5), and Intel Xeons
+// with AMX (Sapphire Rapids and later; AMX itself serves bfloat16 only, it marks the generation).
+// Zen 5: one-process harness, 2 threads, two runs each, median fraction of dense: S3 float32 (137
+// rows an expert) 0.85, 0.85 on oneDNN -> 0.93, 0.95; S2 (256) 0.92, 0.90 -> 0.94, 0.90
+// (session 45). AMX Xeon: `gradkit bench moe-grad`, 2 threads, three rounds in turn: S3 0.85,
+// 0.84, 0.82 -> 0.96, 0.93, 0.95; S2 0.88, 0.90, 0.86 -> 0.87, 0.88, 0.88 (session 48;
+// docs/benchmarks.md). Not measured elsewhere: other CPUs keep brgemm (and the packed form).
 bool MoeF32BroadcastOutrunsBrgemm(const CpuIdentity& cpu);
 
 // CPUs where oneDNN 2.6 runs GroupedMatmul's float32 forward tiles faster reading [K, N] weight
