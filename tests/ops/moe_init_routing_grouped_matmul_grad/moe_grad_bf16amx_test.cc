@@ -7,7 +7,8 @@
 // the fused op's 240-row calls; widths around the 16-row A tile and its 32-row pairs (tails of
 // 1..15 rows on their own tile configuration); reductions of one step, of a whole 8-step chunk and
 // a part of one, and long. Whether its bits equal oneDNN's packed AMX calls is the tile GEMM's
-// run-time check (moe_grad_gemm.BroadcastFormOnAmxWhereItsBitsAreTheGemms).
+// run-time check (OneDnnTileGemm::broadcast_on_amx), whose verdict the fused op's test
+// moe_grad_api.AmxBroadcastFormTakesExpertsPastBaseM relies on.
 #include <gtest/gtest.h>
 
 #include <cmath>
